@@ -1,0 +1,147 @@
+"""``PolicySnapshot``: one published snapshot, applied by the trainer to each region."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Final
+
+from pydantic import Field, model_validator
+
+from hotload.api._base import ApiModel, ApiStatusModel
+from hotload.api.conditions import Condition
+from hotload.api.snapshot_ref import Identity, KvCachePolicy, SnapshotKind, SnapshotRef
+
+KIND: Final = "PolicySnapshot"
+PLURAL: Final = "policysnapshots"
+SINGULAR: Final = "policysnapshot"
+SHORT_NAMES: Final = ("psnap",)
+
+DEFAULT_COMPRESSION_FORMAT: Final = "hotload-delta/v1"
+DEFAULT_CHECKSUM_FORMAT: Final = "sha256"
+
+
+class DeploymentRef(ApiModel):
+    """The RolloutDeployment (same namespace) this snapshot is for."""
+
+    name: Annotated[str, Field(min_length=1, max_length=253)]
+
+
+class IncrementalSpec(ApiModel):
+    """How a delta relates to the snapshot before it."""
+
+    previous_identity: Identity
+    """The snapshot this delta applies to."""
+    compression_format: Annotated[str, Field(min_length=1, max_length=128)] = (
+        DEFAULT_COMPRESSION_FORMAT
+    )
+    """Format and version of the delta files, e.g. hotload-delta/v1."""
+    checksum_format: Annotated[str, Field(min_length=1, max_length=64)] = DEFAULT_CHECKSUM_FORMAT
+    """Hash of the stored files: sha256 (adler32 accepted for compatibility)."""
+
+
+class PolicySnapshotSpec(ApiModel):
+    """Immutable once created: a snapshot is a fact, not a wish."""
+
+    deployment_ref: DeploymentRef
+    identity: Identity
+    """Equal to metadata.name; the bucket prefix of this snapshot."""
+    step: Annotated[int, Field(ge=0)]
+    """Trainer step, monotonic per deployment."""
+    kind: SnapshotKind
+    """Full, Incremental or LoRA."""
+    incremental: IncrementalSpec | None = None
+    """Required for (and only for) Incremental snapshots."""
+    kv_cache_policy: KvCachePolicy | None = None
+    """Overrides the deployment's default for this swap."""
+    ignored_config_fields: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=list
+    )
+    """config.json keys that may change without forcing a full reload."""
+
+    @model_validator(mode="after")
+    def _kind_matches_incremental(self) -> PolicySnapshotSpec:
+        if self.kind is SnapshotKind.INCREMENTAL and self.incremental is None:
+            raise ValueError("an Incremental snapshot needs incremental.previousIdentity")
+        if self.kind is not SnapshotKind.INCREMENTAL and self.incremental is not None:
+            raise ValueError(
+                f"a {self.kind.value} snapshot is complete and has no incremental section"
+            )
+        return self
+
+    def ref(self, default_policy: KvCachePolicy) -> SnapshotRef:
+        """The reference a deployment's status carries, with the cache policy resolved."""
+        return SnapshotRef(
+            identity=self.identity,
+            step=self.step,
+            kind=self.kind,
+            kv_cache_policy=self.kv_cache_policy or default_policy,
+        )
+
+
+class ReplicaState(StrEnum):
+    """Where a replica stands against the target (the sidecar's `state` annotation)."""
+
+    LOADING = "Loading"
+    READY = "Ready"
+    FAILED = "Failed"
+
+
+class LoadPath(StrEnum):
+    """How a replica got its snapshot (the sidecar's `via` annotation)."""
+
+    DELTA = "delta"
+    FULL = "full"
+    REPLAY = "replay"
+
+
+class SnapshotPhase(StrEnum):
+    PENDING = "Pending"
+    """Accepted, not (yet) the target."""
+    ROLLING = "Rolling"
+    """The target; replicas are loading it."""
+    READY = "Ready"
+    """Every desired replica serves it or a newer snapshot."""
+    FAILED = "Failed"
+    """Its chain is broken; it will never be the target."""
+
+
+class ReplicaRecord(ApiStatusModel):
+    """One replica's line in the ledger."""
+
+    state: ReplicaState
+    snapshot: str | None = None
+    """Identity the replica serves now."""
+    since: datetime | None = None
+    via: LoadPath | None = None
+    reason: str | None = None
+    message: str | None = None
+
+
+class PolicySnapshotStatus(ApiStatusModel):
+    """Rollout progress of this snapshot and the per-replica ledger."""
+
+    observed_generation: Annotated[int | None, Field(ge=0)] = None
+    phase: SnapshotPhase | None = None
+    desired_replicas: Annotated[int, Field(ge=0)] = 0
+    """The deployment's spec.replicas now."""
+    ready_replicas: Annotated[int, Field(ge=0)] = 0
+    """Replicas serving this snapshot or a newer one."""
+    replicas_summary: str = ""
+    """"ready/desired", preformatted for the printer column."""
+    replicas: dict[str, ReplicaRecord] = Field(default_factory=dict)
+    """The ledger, keyed by pod name (a map, so merge patches never replace it whole)."""
+    conditions: list[Condition] = Field(default_factory=list)
+    """Ready, ChainValid."""
+
+
+class PolicySnapshot(ApiModel):
+    """One published snapshot of a policy: a full checkpoint, a lossless delta, or a LoRA."""
+
+    api_version: str = "hotload.dev/v1alpha1"
+    kind: str = KIND
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: PolicySnapshotSpec
+    status: PolicySnapshotStatus | None = None
+
+    model_config = ApiModel.model_config | {"extra": "ignore"}

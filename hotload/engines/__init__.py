@@ -1,0 +1,1 @@
+"""Adapters that swap weights into a running engine: reference, sglang, vllm, noop."""

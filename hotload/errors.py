@@ -1,0 +1,192 @@
+"""One error hierarchy for all of hotload.
+
+A leaf module: every layer (``api`` included) may import it and it imports nothing
+of ours. Each invariant gets its own class carrying its context as attributes, so
+callers branch on the class, never on message text. Foreign exceptions (botocore,
+kubernetes ``ApiException``, httpx) are mapped to these at the storage, kube and
+engine boundaries with ``raise Ours(...) from err``.
+
+Every class has a ``reason``: the CamelCase word that the sidecar writes on its pod
+and the operator puts on conditions and Events (the constants live in
+``hotload.api.reasons``; they are spelled the same here so this module stays a leaf).
+``transient`` says whether retrying with backoff may succeed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class HotloadError(Exception):
+    """Root of every error hotload raises on purpose."""
+
+    reason: ClassVar[str] = "Error"
+    transient: ClassVar[bool] = False
+
+    def __init__(self, message: str, **context: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.context: dict[str, Any] = context
+
+    def __str__(self) -> str:
+        if not self.context:
+            return self.message
+        details = ", ".join(f"{key}={value!r}" for key, value in sorted(self.context.items()))
+        return f"{self.message} ({details})"
+
+
+# --- configuration and usage -------------------------------------------------------
+
+
+class ConfigError(HotloadError):
+    """A setting, flag or environment variable is missing or malformed."""
+
+    reason = "ConfigInvalid"
+
+
+class ApiValidationError(HotloadError):
+    """An object does not satisfy hotload's API rules (checked client-side too)."""
+
+    reason = "Invalid"
+
+    def __init__(self, message: str, *, field: str, **context: Any) -> None:
+        super().__init__(message, field=field, **context)
+        self.field = field
+
+
+# --- snapshots and chains (breaks: the chain cannot be used) ----------------------
+
+
+class SnapshotError(HotloadError):
+    """Something is wrong with a snapshot's files or manifest."""
+
+    reason = "ManifestInvalid"
+
+
+class ManifestInvalid(SnapshotError):
+    """The manifest is malformed, over its limits, or disagrees with the files."""
+
+    reason = "ManifestInvalid"
+
+
+class ChecksumMismatch(SnapshotError):
+    """Stored bytes or a rebuilt tensor hash differently than the manifest says."""
+
+    reason = "ChecksumMismatch"
+
+
+class ChainBroken(SnapshotError):
+    """A delta's previous snapshot is missing, wrong, or the chain has a cycle."""
+
+    reason = "ChainBroken"
+
+
+class DecodeFailed(SnapshotError):
+    """A delta could not be decoded (bad codec data, size bomb, dtype mismatch)."""
+
+    reason = "DecodeFailed"
+
+
+# --- storage (transient unless stated) ----------------------------------------------
+
+
+class StorageError(HotloadError):
+    """Object storage could not serve a request."""
+
+    reason = "StorageUnavailable"
+    transient = True
+
+
+class StorageUnavailable(StorageError):
+    """The bucket did not answer, or answered with a server error: retry with backoff."""
+
+
+class NotFound(StorageError):
+    """An object is not there (yet): replication may deliver files out of order."""
+
+    reason = "NotFound"
+
+
+class AccessDenied(StorageError):
+    """The bucket refused our credentials: retrying will not help."""
+
+    reason = "AccessDenied"
+    transient = False
+
+
+# --- engines ------------------------------------------------------------------------
+
+
+class EngineError(HotloadError):
+    """The inference engine could not do what was asked."""
+
+    reason = "EngineError"
+
+
+class EngineBusy(EngineError):
+    """The engine is busy (paused, another swap running): retry shortly."""
+
+    reason = "EngineBusy"
+    transient = True
+
+
+class EngineRejected(EngineError):
+    """The engine refused the weights: this replica is Failed, the chain is not."""
+
+    reason = "EngineRejected"
+
+
+class EngineUnavailable(EngineError):
+    """The engine does not answer at its address."""
+
+    reason = "EngineUnavailable"
+    transient = True
+
+
+# --- Kubernetes ---------------------------------------------------------------------
+
+
+class KubeError(HotloadError):
+    """A Kubernetes API call failed."""
+
+    reason = "KubeError"
+    transient = True
+
+    def __init__(self, message: str, *, status: int | None = None, **context: Any) -> None:
+        super().__init__(message, status=status, **context)
+        self.status = status
+
+
+class KubeForbidden(KubeError):
+    """RBAC (or an admission policy) refused the call."""
+
+    reason = "Forbidden"
+    transient = False
+
+
+class KubeNotFound(KubeError):
+    """The object does not exist."""
+
+    reason = "NotFound"
+    transient = False
+
+
+class KubeConflict(KubeError):
+    """A write lost a race (resourceVersion conflict): re-read and retry."""
+
+    reason = "Conflict"
+
+
+# --- local regions ------------------------------------------------------------------
+
+
+class LocalRegionError(HotloadError):
+    """The local control plane could not be started, reached or stopped."""
+
+    reason = "LocalRegionFailed"
+
+
+class ToolMissing(LocalRegionError):
+    """A pinned binary is not in the cache: run hack/build-tools."""
+
+    reason = "ToolMissing"

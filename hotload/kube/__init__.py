@@ -1,0 +1,1 @@
+"""Kubernetes client loading and API error mapping (KUBECONFIG, else in-cluster)."""

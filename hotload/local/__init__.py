@@ -1,0 +1,1 @@
+"""Local regions (control plane on loopback) and the pod runtime that runs our containers."""

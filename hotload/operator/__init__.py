@@ -1,0 +1,1 @@
+"""kopf operator: workloads, snapshot rollout, ledger, fallback (a later issue)."""

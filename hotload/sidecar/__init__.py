@@ -1,0 +1,1 @@
+"""The per-pod weight-swap agent and its OpenAI-compatible front."""

@@ -1,0 +1,1 @@
+"""Snapshot layout, manifest, lossless delta codec and chain planning (no Kubernetes here)."""

@@ -1,0 +1,1 @@
+"""Object storage behind one interface: file:// (the embedded default) and s3://."""
