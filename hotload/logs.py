@@ -13,9 +13,17 @@ import sys
 from datetime import UTC, datetime
 from typing import Any, Final, TextIO
 
-_SECRET_MARKERS: Final = ("secret", "password", "token", "credential", "access_key", "authorization")
+_SECRET_MARKERS: Final = (
+    "secret",
+    "password",
+    "token",
+    "credential",
+    "access_key",
+    "authorization",
+)
 _STANDARD_ATTRS: Final = frozenset(
-    vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys() | {"message", "asctime", "taskName"}
+    vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys()
+    | {"message", "asctime", "taskName"}
 )
 REDACTED: Final = "<redacted>"
 
@@ -61,7 +69,9 @@ class ConsoleFormatter(logging.Formatter):
         return line
 
 
-def configure(level: str = "INFO", stream: TextIO | None = None, *, json_lines: bool | None = None) -> None:
+def configure(
+    level: str = "INFO", stream: TextIO | None = None, *, json_lines: bool | None = None
+) -> None:
     """Set up the root logger once per process (the shells call this, libraries never do)."""
     target = stream or sys.stderr
     if json_lines is None:

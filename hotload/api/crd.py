@@ -16,11 +16,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from hotload.api.group import CATEGORY, GROUP, VERSION
-from hotload.api.policy_snapshot import PolicySnapshotSpec, PolicySnapshotStatus
 from hotload.api.policy_snapshot import KIND as SNAPSHOT_KIND
 from hotload.api.policy_snapshot import PLURAL as SNAPSHOT_PLURAL
 from hotload.api.policy_snapshot import SHORT_NAMES as SNAPSHOT_SHORT_NAMES
 from hotload.api.policy_snapshot import SINGULAR as SNAPSHOT_SINGULAR
+from hotload.api.policy_snapshot import PolicySnapshotSpec, PolicySnapshotStatus
 from hotload.api.rollout_deployment import KIND as DEPLOYMENT_KIND
 from hotload.api.rollout_deployment import PLURAL as DEPLOYMENT_PLURAL
 from hotload.api.rollout_deployment import SHORT_NAMES as DEPLOYMENT_SHORT_NAMES
@@ -191,7 +191,11 @@ def _structural(node: Schema, definitions: Mapping[str, Schema]) -> Schema:
         out.pop("additionalProperties", None)
     if "properties" in out:
         out.pop("additionalProperties", None)
-    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
+    if (
+        out.get("type") == "object"
+        and "properties" not in out
+        and "additionalProperties" not in out
+    ):
         out["x-kubernetes-preserve-unknown-fields"] = True
     if out.get("format") == "date-time":
         out.pop("default", None)

@@ -55,7 +55,7 @@ class PolicySnapshotSpec(ApiModel):
     kv_cache_policy: KvCachePolicy | None = None
     """Overrides the deployment's default for this swap."""
     ignored_config_fields: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
-        default_factory=list
+        default_factory=list, max_length=64
     )
     """config.json keys that may change without forcing a full reload."""
 
@@ -66,6 +66,10 @@ class PolicySnapshotSpec(ApiModel):
         if self.kind is not SnapshotKind.INCREMENTAL and self.incremental is not None:
             raise ValueError(
                 f"a {self.kind.value} snapshot is complete and has no incremental section"
+            )
+        if self.incremental is not None and self.incremental.previous_identity == self.identity:
+            raise ValueError(
+                "incremental.previousIdentity must name another snapshot, not this one"
             )
         return self
 
@@ -145,3 +149,12 @@ class PolicySnapshot(ApiModel):
     status: PolicySnapshotStatus | None = None
 
     model_config = ApiModel.model_config | {"extra": "ignore"}
+
+    @model_validator(mode="after")
+    def _identity_is_the_name(self) -> PolicySnapshot:
+        name = self.metadata.get("name")
+        if name is not None and name != self.spec.identity:
+            raise ValueError(
+                f"spec.identity {self.spec.identity!r} must equal metadata.name {name!r}"
+            )
+        return self

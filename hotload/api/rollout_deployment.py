@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Final
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from hotload.api._base import ApiModel, ApiStatusModel
 from hotload.api.conditions import Condition
@@ -17,7 +17,9 @@ SINGULAR: Final = "rolloutdeployment"
 SHORT_NAMES: Final = ("rd",)
 
 #: Free-form Kubernetes structures we pass through to the pod template untouched.
-KubeObject = Annotated[dict[str, Any], Field(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})]
+KubeObject = Annotated[
+    dict[str, Any], Field(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+]
 
 
 class EngineKind(StrEnum):
@@ -83,6 +85,17 @@ class HotLoadSpec(ApiModel):
     """Default KV-cache policy after a swap: all, none or new_session."""
     max_stale_steps: Annotated[int | None, Field(ge=1)] = None
     """When set, a replica more than this many steps behind the target is not Ready."""
+
+    @model_validator(mode="after")
+    def _s3_settings_need_an_s3_bucket(self) -> HotLoadSpec:
+        if not self.bucket_url.startswith("s3://"):
+            for name, value in (
+                ("endpoint", self.endpoint),
+                ("credentialsSecretRef", self.credentials_secret_ref),
+            ):
+                if value is not None:
+                    raise ValueError(f"hotLoad.{name} is only used with s3:// buckets")
+        return self
 
 
 class SidecarSpec(ApiModel):

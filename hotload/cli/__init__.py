@@ -24,10 +24,11 @@ app = typer.Typer(
 )
 
 
-
 @app.callback()
 def root(
-    log_level: str = typer.Option("INFO", "--log-level", envvar="HOTLOAD_LOG_LEVEL", help="debug, info, warning or error."),
+    log_level: str = typer.Option(
+        "INFO", "--log-level", envvar="HOTLOAD_LOG_LEVEL", help="debug, info, warning or error."
+    ),
 ) -> None:
     """Keep RL rollout fleets in every region on the freshest policy snapshot."""
     from hotload import logs
@@ -37,9 +38,7 @@ def root(
 
 #: Modules that register subcommands on ``app`` (the place for each subcommand).
 #: crds · snapshot · local · sidecar · engine  — later: operator, publish, status, ledger, gc
-SUBCOMMAND_MODULES: Final = (
-    "hotload.cli.crds",
-)
+SUBCOMMAND_MODULES: Final = ("hotload.cli.crds",)
 
 for _module in SUBCOMMAND_MODULES:
     importlib.import_module(_module)
