@@ -177,6 +177,12 @@ class KubeConflict(KubeError):
     reason = "Conflict"
 
 
+class KubeExpired(KubeError):
+    """A watch's resourceVersion is too old (410 Gone): list again, then watch from there."""
+
+    reason = "Expired"
+
+
 # --- local regions ------------------------------------------------------------------
 
 
