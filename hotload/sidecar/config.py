@@ -1,0 +1,78 @@
+"""The agent's one frozen configuration object.
+
+Only the ``hotload sidecar`` shell builds it from ``os.environ`` (the pod contract's
+downward-API env); the pod runtime's shared mode builds one per pod from the pod spec.
+Everything the agent needs about its deployment (bucket, endpoint, engine, transition,
+policies) it reads from the RolloutDeployment object, not from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hotload.api.pod import SIDECAR_PORT, STAGING_MOUNT_PATH
+from hotload.mounts import host_path
+
+
+@dataclass(frozen=True)
+class StorageCredentials:
+    """Bucket credentials from the deployment's Secret (boto3's names); None means anonymous
+    or the environment's own chain. Never logged: ``repr`` hides the secret."""
+
+    access_key_id: str | None = None
+    secret_access_key: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter for transient failures (storage, engine busy)."""
+
+    initial_s: float = 0.5
+    maximum_s: float = 30.0
+    multiplier: float = 2.0
+    jitter: float = 0.5
+    """Fraction of each delay drawn at random, so a fleet does not retry in lockstep."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Who the agent is (its pod) and how it behaves; one per pod."""
+
+    pod_name: str
+    namespace: str
+    deployment: str
+    """The RolloutDeployment's name (``HOTLOAD_DEPLOYMENT``)."""
+    pod_ip: str | None = None
+    """Address to bind and to reach the engine at; None binds all interfaces (no 127.0.0.1)."""
+    node_name: str | None = None
+    credentials: StorageCredentials = field(default_factory=StorageCredentials)
+    root: Path | None = None
+    """``HOTLOAD_ROOT`` under the local pod runtime; None in a real pod."""
+    serve_http: bool = True
+    """Serve the front and the probes on ``http_port``; False in the runtime's shared mode."""
+    http_port: int = SIDECAR_PORT
+    download_concurrency: int = 8
+    """Parallel ranged reads per snapshot."""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    history_limit: int = 20
+    """Swaps remembered for ``/status``."""
+    hold_timeout_s: float = 120.0
+    """ASYNC: how long a new request may wait for a swap to end before it is refused."""
+    retry_after_s: int = 1
+    """SYNC: the ``Retry-After`` of a 425 answered during a swap."""
+
+    @property
+    def staging_dir(self) -> Path:
+        """The staging volume (``emptyDir`` of medium Memory) on this host."""
+        return host_path(STAGING_MOUNT_PATH, self.root)
+
+    @property
+    def bind_host(self) -> str:
+        """Where our servers listen: the pod's IP, all interfaces when it is unknown."""
+        return self.pod_ip or "0.0.0.0"  # the pod contract: never 127.0.0.1
+
+    @property
+    def engine_host(self) -> str:
+        """Where the engine listens: the pod's IP (the pod contract), loopback-free."""
+        return self.pod_ip or "0.0.0.0"
