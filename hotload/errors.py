@@ -114,6 +114,20 @@ class AccessDenied(StorageError):
     transient = False
 
 
+class ObjectTooLarge(StorageError):
+    """An object read whole is over the caller's cap (checked before it is read)."""
+
+    reason = "ObjectTooLarge"
+    transient = False
+
+
+class StorageRejected(StorageError):
+    """The store refused a request for another reason than access (malformed, unsupported)."""
+
+    reason = "StorageRejected"
+    transient = False
+
+
 # --- engines ------------------------------------------------------------------------
 
 
@@ -196,3 +210,11 @@ class ToolMissing(LocalRegionError):
     """A pinned binary is not in the cache: run hack/build-tools."""
 
     reason = "ToolMissing"
+
+
+class ContainerConfigInvalid(LocalRegionError):
+    """The local pod runtime cannot build a container's world (a missing Secret or
+    ConfigMap key, an unsupported field or volume): the container waits with this reason
+    and the runtime retries with backoff, as a kubelet does."""
+
+    reason = "CreateContainerConfigError"
