@@ -87,6 +87,14 @@ class DecodeFailed(SnapshotError):
     reason = "DecodeFailed"
 
 
+class UnsafePath(ManifestInvalid):
+    """A file name in a manifest or header could escape its directory (``..``, ``/x``)."""
+
+
+class SizeLimitExceeded(DecodeFailed):
+    """Data would grow past a size declared in the manifest or a format limit (a bomb)."""
+
+
 # --- storage (transient unless stated) ----------------------------------------------
 
 
