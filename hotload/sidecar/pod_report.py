@@ -1,0 +1,127 @@
+"""What the agent writes on its own Pod, computed purely from its state.
+
+Two writes, each only when its content changed (CONTRACTS.md, "What the sidecar writes
+on its Pod"):
+
+- the ``hotload.dev/*`` annotations, all of them in one merge patch per transition
+  (``reason``/``message`` are removed, by ``null``, when the state is not Failed);
+- the pod condition ``hotload.dev/SnapshotReady`` on ``pods/status``, as a
+  strategic-merge patch naming only that condition type, so the other writer's
+  conditions (the pod runtime's ``Ready``, ``ContainersReady``, ...) are merged by
+  ``type`` and never replaced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from hotload.api import LoadPath, ReplicaState, reasons
+from hotload.api.conditions import rfc3339
+from hotload.api.pod import (
+    ANNOTATION_MESSAGE,
+    ANNOTATION_REASON,
+    ANNOTATION_SINCE,
+    ANNOTATION_SNAPSHOT,
+    ANNOTATION_STATE,
+    ANNOTATION_TARGET,
+    ANNOTATION_VIA,
+    CONDITION_SNAPSHOT_READY,
+)
+
+#: Annotation values stay short: the message is for a human glancing at ``kubectl``.
+MESSAGE_LIMIT = 1024
+
+
+@dataclass(frozen=True)
+class PodAnnotations:
+    """The sidecar's annotations: where this replica stands against the target."""
+
+    snapshot: str | None
+    target: str | None
+    state: ReplicaState | None
+    since: datetime
+    via: LoadPath | None = None
+    reason: str | None = None
+    message: str | None = None
+
+    def values(self) -> dict[str, str | None]:
+        """Annotation key → value; None removes the key (merge-patch semantics)."""
+        failed = self.state is ReplicaState.FAILED
+        message = self.message[:MESSAGE_LIMIT] if failed and self.message else None
+        return {
+            ANNOTATION_SNAPSHOT: self.snapshot,
+            ANNOTATION_TARGET: self.target,
+            ANNOTATION_STATE: self.state.value if self.state else None,
+            ANNOTATION_SINCE: rfc3339(self.since),
+            ANNOTATION_VIA: self.via.value if self.via else None,
+            ANNOTATION_REASON: self.reason if failed else None,
+            ANNOTATION_MESSAGE: message,
+        }
+
+    def same_content(self, other: PodAnnotations | None) -> bool:
+        """Equal but for ``since`` (a rewrite with only a new time is no transition)."""
+        if other is None:
+            return False
+        mine, theirs = self.values(), other.values()
+        mine.pop(ANNOTATION_SINCE)
+        theirs.pop(ANNOTATION_SINCE)
+        return mine == theirs
+
+
+def annotation_patch(annotations: PodAnnotations) -> dict[str, Any]:
+    """The merge patch of ``metadata.annotations`` for one transition."""
+    return {"metadata": {"annotations": annotations.values()}}
+
+
+@dataclass(frozen=True)
+class ReadinessGate:
+    """The ``hotload.dev/SnapshotReady`` condition: "this pod serves a verified snapshot"."""
+
+    ready: bool
+    reason: str
+    message: str
+
+
+def readiness_gate(
+    served_step: int | None,
+    served_identity: str | None,
+    target_step: int | None,
+    max_stale_steps: int | None,
+) -> ReadinessGate:
+    """True from the first verified load on; False before it, or when too stale.
+
+    It stays True while a newer snapshot downloads or after a failed delta (the pod keeps
+    serving its last good one). Being at the target is the ``state`` annotation's job.
+    """
+    if served_step is None or served_identity is None:
+        return ReadinessGate(False, reasons.NOT_LOADED, "no verified snapshot loaded yet")
+    if max_stale_steps is not None and target_step is not None:
+        behind = target_step - served_step
+        if behind > max_stale_steps:
+            return ReadinessGate(
+                False,
+                reasons.STALE,
+                f"serves {served_identity}, {behind} steps behind the target"
+                f" (maxStaleSteps {max_stale_steps})",
+            )
+    return ReadinessGate(True, reasons.VERIFIED, f"serves verified snapshot {served_identity}")
+
+
+def condition_patch(gate: ReadinessGate, last_transition: datetime) -> dict[str, Any]:
+    """The strategic-merge patch of ``pods/status`` carrying only our condition type."""
+    return {
+        "status": {
+            "conditions": [
+                {
+                    "type": CONDITION_SNAPSHOT_READY,
+                    "status": "True" if gate.ready else "False",
+                    "reason": gate.reason,
+                    "message": gate.message,
+                    "lastTransitionTime": rfc3339(last_transition),
+                    "lastProbeTime": None,
+                }
+            ]
+        }
+    }

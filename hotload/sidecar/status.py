@@ -1,0 +1,135 @@
+"""What ``/status`` answers: where the agent stands, its recent swaps, its last error.
+
+The agent keeps one :class:`AgentStatus` (mutable, owned by the agent) and renders it to
+the pydantic :class:`StatusReport` at the HTTP edge. Timestamps are RFC 3339 UTC.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from hotload.api import LoadPath, ReplicaState, SnapshotRef
+
+
+class Phase(StrEnum):
+    """What the agent is doing right now."""
+
+    WAITING = "Waiting"
+    """No target yet, or the deployment is missing."""
+    IDLE = "Idle"
+    """Serving the target; nothing to do."""
+    PLANNING = "Planning"
+    FETCHING = "Fetching"
+    VERIFYING = "Verifying"
+    REBUILDING = "Rebuilding"
+    SWAPPING = "Swapping"
+    RETRYING = "Retrying"
+    """A transient failure; waiting before the next attempt."""
+    FAILED = "Failed"
+    """The target cannot be loaded; serving the last good snapshot."""
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)
+
+
+class _Model(BaseModel):
+    """camelCase on the wire, like every other object hotload shows."""
+
+    model_config = ConfigDict(populate_by_name=True, alias_generator=to_camel)
+
+
+class ErrorRecord(_Model):
+    reason: str
+    message: str
+    transient: bool
+    target: str | None = None
+    at: datetime
+
+
+class SwapRecord(_Model):
+    """One load attempt that reached an end (swapped, or failed for good)."""
+
+    identity: str
+    step: int
+    kind: str
+    via: LoadPath | None = None
+    outcome: ReplicaState
+    reason: str | None = None
+    started_at: datetime
+    finished_at: datetime
+    seconds: dict[str, float] = Field(default_factory=dict)
+    """Per phase: fetch, verify, rebuild, swap (plus total)."""
+    fetched_bytes: int = 0
+    """Bytes read from the bucket for this load."""
+    stored_bytes: int = 0
+    """Bytes of every file the plan needed (fetched now, resumed, or already local)."""
+
+
+class StatusReport(_Model):
+    """The body of ``GET /status``."""
+
+    pod: str
+    namespace: str
+    deployment: str
+    current: SnapshotRef | None
+    target: SnapshotRef | None
+    state: ReplicaState | None
+    phase: Phase
+    via: LoadPath | None
+    since: datetime
+    bytes_done: int
+    bytes_total: int
+    engine: str | None
+    transition: str | None
+    history: list[SwapRecord]
+    last_error: ErrorRecord | None
+
+
+@dataclass
+class AgentStatus:
+    """The agent's live state; the HTTP front and the reporter read it."""
+
+    current: SnapshotRef | None = None
+    current_via: LoadPath | None = None
+    target: SnapshotRef | None = None
+    state: ReplicaState | None = None
+    phase: Phase = Phase.WAITING
+    since: datetime = field(default_factory=now_utc)
+    bytes_done: int = 0
+    bytes_total: int = 0
+    last_error: ErrorRecord | None = None
+    history: deque[SwapRecord] = field(default_factory=lambda: deque(maxlen=20))
+
+    def report(
+        self,
+        *,
+        pod: str,
+        namespace: str,
+        deployment: str,
+        engine: str | None,
+        transition: str | None,
+    ) -> StatusReport:
+        return StatusReport(
+            pod=pod,
+            namespace=namespace,
+            deployment=deployment,
+            current=self.current,
+            target=self.target,
+            state=self.state,
+            phase=self.phase,
+            via=self.current_via,
+            since=self.since,
+            bytes_done=self.bytes_done,
+            bytes_total=self.bytes_total,
+            engine=engine,
+            transition=transition,
+            history=list(reversed(self.history)),
+            last_error=self.last_error,
+        )
