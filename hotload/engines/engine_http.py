@@ -1,0 +1,97 @@
+"""HTTP to an engine's admin API: the one place httpx errors become ours.
+
+Adapters build absolute URLs from their ``base_url`` so one shared ``httpx.AsyncClient``
+(the sidecar's) can serve them all. Transport failures and timeouts become
+``EngineUnavailable``; adapters decide what each HTTP status means for their engine.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from hotload.errors import EngineUnavailable
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 30.0
+
+
+class EngineHttp:
+    """A base URL, an ``httpx.AsyncClient`` (owned or borrowed) and optional bearer key."""
+
+    def __init__(
+        self,
+        base_url: str,
+        client: httpx.AsyncClient | None = None,
+        *,
+        api_key: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._owned = client is None
+        self._client = client or httpx.AsyncClient(timeout=timeout)
+        self._timeout = timeout
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str | int | float | list[str]] | None = None,
+        timeout: float | None = None,
+    ) -> httpx.Response:
+        """Send one request; ``EngineUnavailable`` when the engine cannot be reached."""
+        url = f"{self.base_url}{path}"
+        try:
+            return await self._client.request(
+                method,
+                url,
+                json=json,
+                params=params,
+                headers=self._headers,
+                timeout=timeout if timeout is not None else self._timeout,
+            )
+        except httpx.TimeoutException as err:
+            raise EngineUnavailable(
+                "the engine did not answer in time",
+                url=url,
+                method=method,
+                timeout=timeout or self._timeout,
+            ) from err
+        except httpx.HTTPError as err:
+            raise EngineUnavailable(
+                f"the engine cannot be reached: {type(err).__name__}", url=url, method=method
+            ) from err
+
+    async def aclose(self) -> None:
+        if self._owned:
+            await self._client.aclose()
+
+
+def response_detail(response: httpx.Response) -> str:
+    """A short human reason from an error answer (FastAPI ``detail``, ``message``, or text)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    if isinstance(body, dict):
+        for field in ("detail", "message", "error", "error_message"):
+            value = body.get(field)
+            if value:
+                return str(value)[:500]
+    return str(body)[:500]
+
+
+def json_object(response: httpx.Response) -> dict[str, Any]:
+    """The answer's JSON object, or an empty dict when it is not one."""
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}

@@ -1,0 +1,50 @@
+"""``make_engine``: the adapter for a RolloutDeployment's ``spec.engine.kind``."""
+
+from __future__ import annotations
+
+import httpx
+
+from hotload.api import EngineKind
+from hotload.engines.noop_engine import NoopEngine
+from hotload.engines.protocol import Engine
+from hotload.engines.reference_adapter import ReferenceEngine
+from hotload.engines.sglang_adapter import SGLangEngine
+from hotload.engines.vllm_adapter import VLLMEngine
+from hotload.errors import ConfigError
+
+
+def engine_url(pod_ip: str | None, port: int) -> str:
+    """``http://<pod-ip>:<port>`` — the sidecar reaches its engine on the pod's IP (never
+    127.0.0.1: locally all pods share one host)."""
+    if not pod_ip:
+        raise ConfigError("the engine is reached on the pod IP; POD_IP is not set", port=port)
+    host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
+    return f"http://{host}:{port}"
+
+
+def make_engine(
+    kind: EngineKind,
+    base_url: str | None,
+    http_client: httpx.AsyncClient | None = None,
+    *,
+    api_key: str | None = None,
+    load_timeout: float | None = None,
+) -> Engine:
+    """The adapter for ``kind`` talking to ``base_url`` (ignored for ``noop``).
+
+    ``http_client`` is borrowed (the caller closes it); without one the adapter owns a
+    client of its own. ``api_key`` is sent as a bearer token (SGLang's admin key, vLLM's
+    API key).
+    """
+    if kind is EngineKind.NOOP:
+        return NoopEngine()
+    if not base_url:
+        raise ConfigError("an engine other than noop needs a base URL", engine=kind.value)
+    extra: dict[str, float] = {} if load_timeout is None else {"load_timeout": load_timeout}
+    if kind is EngineKind.REFERENCE:
+        return ReferenceEngine(base_url, http_client, api_key=api_key, **extra)
+    if kind is EngineKind.SGLANG:
+        return SGLangEngine(base_url, http_client, api_key=api_key, **extra)
+    if kind is EngineKind.VLLM:
+        return VLLMEngine(base_url, http_client, api_key=api_key, **extra)
+    raise ConfigError("unknown engine kind", engine=str(kind))

@@ -1,0 +1,110 @@
+"""Adapter for hotload's own reference engine (``hotload engine reference``).
+
+Its admin API is ours (see docs/engines.md): ``POST /admin/load {path, identity, kind}``,
+``/admin/pause {mode}``, ``/admin/resume``, ``/admin/reset_cache {policy}``,
+``GET /admin/identity``, ``GET /health``. A 4xx on load means the weights were refused
+(the old ones keep serving): ``EngineRejected``; 409 and 503 mean busy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from hotload.api import EngineKind, KvCachePolicy, SnapshotKind
+from hotload.engines.engine_http import EngineHttp, json_object, response_detail
+from hotload.engines.identity_fields import reference_identities
+from hotload.engines.protocol import PauseMode
+from hotload.engines.readiness import poll_until_healthy
+from hotload.errors import EngineBusy, EngineError, EngineRejected, EngineUnavailable, HotloadError
+
+DEFAULT_LOAD_TIMEOUT = 600.0
+
+
+class ReferenceEngine:
+    """Drives the reference engine over HTTP."""
+
+    def __init__(
+        self,
+        base_url: str,
+        client: httpx.AsyncClient | None = None,
+        *,
+        api_key: str | None = None,
+        load_timeout: float = DEFAULT_LOAD_TIMEOUT,
+    ) -> None:
+        self._http = EngineHttp(base_url, client, api_key=api_key)
+        self._load_timeout = load_timeout
+
+    @property
+    def kind(self) -> EngineKind:
+        return EngineKind.REFERENCE
+
+    @property
+    def base_url(self) -> str:
+        return self._http.base_url
+
+    async def health(self) -> bool:
+        try:
+            response = await self._http.request("GET", "/health", timeout=5.0)
+        except EngineUnavailable:
+            return False
+        return response.status_code == 200
+
+    async def wait_ready(self, timeout: float) -> None:
+        await poll_until_healthy(self.health, timeout=timeout, url=self.base_url)
+
+    async def served_identity(self) -> str | None:
+        response = await self._http.request("GET", "/admin/identity")
+        self._raise_for(response, "identity")
+        identity = json_object(response).get("identity")
+        return identity if isinstance(identity, str) else None
+
+    async def load_weights(self, path: Path, identity: str, *, kind: SnapshotKind) -> None:
+        response = await self._http.request(
+            "POST",
+            "/admin/load",
+            json={"path": str(path), "identity": identity, "kind": kind.value},
+            timeout=self._load_timeout,
+        )
+        self._raise_for(response, "load", identity=identity, path=str(path))
+
+    async def pause(self, mode: PauseMode) -> None:
+        response = await self._http.request("POST", "/admin/pause", json={"mode": mode.value})
+        self._raise_for(response, "pause")
+
+    async def resume(self) -> None:
+        response = await self._http.request("POST", "/admin/resume", json={})
+        self._raise_for(response, "resume")
+
+    async def reset_cache(self, policy: KvCachePolicy) -> None:
+        response = await self._http.request(
+            "POST", "/admin/reset_cache", json={"policy": policy.value}
+        )
+        self._raise_for(response, "reset_cache", policy=policy.value)
+
+    def prepare_request(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return body
+
+    def identities_of(self, payload: Mapping[str, Any]) -> list[str]:
+        return reference_identities(payload)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    def _raise_for(self, response: httpx.Response, operation: str, **context: Any) -> None:
+        status = response.status_code
+        if status < 300:
+            return
+        detail = response_detail(response)
+        context = {"url": self.base_url, "operation": operation, "status": status, **context}
+        error: type[HotloadError]
+        if status in (409, 503):
+            error = EngineBusy
+        elif 400 <= status < 500:
+            error = EngineRejected
+        else:
+            error = EngineError
+        raise error(f"reference engine refused {operation}: {detail}", **context)

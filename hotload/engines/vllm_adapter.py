@@ -1,0 +1,249 @@
+"""Adapter for vLLM 0.33.0 (requests as read from its source; see engine-facts.md).
+
+The admin routes exist only when the server runs with ``VLLM_SERVER_DEV_MODE=1`` (LoRA
+routes need ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``); a 404 from one is reported as
+``EngineRejected`` naming the missing flag.
+
+- Full/Incremental: ``POST /collective_rpc {"method": "reload_weights", "kwargs":
+  {"weights_path": DIR, "is_checkpoint_format": true}}``, then
+  ``POST /update_weight_version {"new_version": identity}``. vLLM may serve stale weights
+  when one path is reloaded twice, so a load from the path of the previous load is
+  refused here: stage every snapshot in a new directory.
+- LoRA: ``POST /v1/load_lora_adapter {lora_name, lora_path, load_inplace: false}`` (plain
+  text answer), unload the previous adapter, then record the version; requests name the
+  adapter as their ``model``.
+- Pause: ``POST /pause?mode=keep`` (in-flight freeze, new requests queue) or
+  ``mode=wait``; ``POST /resume``.
+- Cache: ``POST /reset_prefix_cache`` answers ``{"success": false}`` while blocks are held
+  (requests running): retried with backoff for ``flush_timeout`` s, then ``EngineBusy``.
+  The prefix cache is shared, so ``none`` and ``new_session`` keep it.
+- Generation requests get ``return_weight_versions: true``; each choice then carries
+  ``weight_versions``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from hotload.api import EngineKind, KvCachePolicy, SnapshotKind
+from hotload.engines.engine_http import EngineHttp, json_object, response_detail
+from hotload.engines.identity_fields import weight_versions
+from hotload.engines.protocol import PauseMode
+from hotload.engines.readiness import poll_until_healthy
+from hotload.errors import EngineBusy, EngineRejected, EngineUnavailable
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LOAD_TIMEOUT = 1800.0
+DEFAULT_FLUSH_TIMEOUT = 30.0
+_GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+_DEV_MODE_HINT = "start vLLM with VLLM_SERVER_DEV_MODE=1 (admin routes are dev-mode only)"
+_LORA_HINT = "start vLLM with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 and --enable-lora"
+
+
+class VLLMEngine:
+    """Drives a running vLLM OpenAI server over its dev-mode admin routes."""
+
+    def __init__(
+        self,
+        base_url: str,
+        client: httpx.AsyncClient | None = None,
+        *,
+        api_key: str | None = None,
+        load_timeout: float = DEFAULT_LOAD_TIMEOUT,
+        flush_timeout: float = DEFAULT_FLUSH_TIMEOUT,
+        flush_retry_interval: float = 0.5,
+    ) -> None:
+        self._http = EngineHttp(base_url, client, api_key=api_key)
+        self._load_timeout = load_timeout
+        self._flush_timeout = flush_timeout
+        self._flush_retry_interval = flush_retry_interval
+        self._lora: str | None = None
+        self._last_path: Path | None = None
+        self._identity: str | None = None
+
+    @property
+    def kind(self) -> EngineKind:
+        return EngineKind.VLLM
+
+    @property
+    def base_url(self) -> str:
+        return self._http.base_url
+
+    @property
+    def active_lora(self) -> str | None:
+        return self._lora
+
+    async def health(self) -> bool:
+        try:
+            response = await self._http.request("GET", "/health", timeout=5.0)
+        except EngineUnavailable:
+            return False
+        return response.status_code == 200
+
+    async def wait_ready(self, timeout: float) -> None:
+        await poll_until_healthy(self.health, timeout=timeout, url=self.base_url)
+
+    async def served_identity(self) -> str | None:
+        response = await self._http.request("GET", "/weight_info")
+        self._check_route(response, "/weight_info")
+        if response.status_code != 200:
+            return self._identity
+        body = json_object(response)
+        version = body.get("weight_version", body.get("version"))
+        return str(version) if version not in (None, "") else self._identity
+
+    async def load_weights(self, path: Path, identity: str, *, kind: SnapshotKind) -> None:
+        if kind is SnapshotKind.LORA:
+            await self._load_lora(path, identity)
+            return
+        if self._last_path is not None and path == self._last_path:
+            raise EngineRejected(
+                "vLLM may keep stale weights when one directory is reloaded: "
+                "stage each snapshot in a new directory",
+                url=self.base_url,
+                identity=identity,
+                path=str(path),
+            )
+        response = await self._http.request(
+            "POST",
+            "/collective_rpc",
+            json={
+                "method": "reload_weights",
+                "kwargs": {"weights_path": str(path), "is_checkpoint_format": True},
+            },
+            timeout=self._load_timeout,
+        )
+        self._check_route(response, "/collective_rpc")
+        if response.status_code != 200:
+            raise EngineRejected(
+                f"vLLM refused the weights: {response_detail(response)}",
+                url=self.base_url,
+                identity=identity,
+                path=str(path),
+                status=response.status_code,
+            )
+        self._last_path = path
+        await self._set_version(identity)
+        if self._lora is not None:
+            previous, self._lora = self._lora, None
+            await self._unload_lora(previous)
+
+    async def _load_lora(self, path: Path, identity: str) -> None:
+        response = await self._http.request(
+            "POST",
+            "/v1/load_lora_adapter",
+            json={"lora_name": identity, "lora_path": str(path), "load_inplace": False},
+            timeout=self._load_timeout,
+        )
+        if response.status_code == 404:
+            raise EngineRejected(
+                f"vLLM has no LoRA loading route: {_LORA_HINT}",
+                url=self.base_url,
+                identity=identity,
+            )
+        if response.status_code != 200:
+            raise EngineRejected(
+                f"vLLM refused the LoRA adapter: {response_detail(response)}",
+                url=self.base_url,
+                identity=identity,
+                path=str(path),
+                status=response.status_code,
+            )
+        previous, self._lora = self._lora, identity
+        if previous is not None and previous != identity:
+            await self._unload_lora(previous)
+        await self._set_version(identity)
+
+    async def _unload_lora(self, name: str) -> None:
+        response = await self._http.request(
+            "POST", "/v1/unload_lora_adapter", json={"lora_name": name}
+        )
+        if response.status_code != 200:
+            log.warning(
+                "vLLM did not unload an old LoRA adapter",
+                extra={"lora_name": name, "status": response.status_code},
+            )
+
+    async def _set_version(self, identity: str) -> None:
+        response = await self._http.request(
+            "POST", "/update_weight_version", json={"new_version": identity}
+        )
+        self._check_route(response, "/update_weight_version")
+        if response.status_code != 200:
+            raise EngineRejected(
+                f"vLLM refused the weight version: {response_detail(response)}",
+                url=self.base_url,
+                identity=identity,
+                status=response.status_code,
+            )
+        self._identity = identity
+
+    async def pause(self, mode: PauseMode) -> None:
+        vllm_mode = "keep" if mode is PauseMode.IN_PLACE else "wait"
+        response = await self._http.request("POST", "/pause", params={"mode": vllm_mode})
+        self._check_route(response, "/pause")
+        if response.status_code != 200:
+            raise EngineBusy(
+                f"vLLM did not pause: {response_detail(response)}",
+                url=self.base_url,
+                status=response.status_code,
+            )
+
+    async def resume(self) -> None:
+        response = await self._http.request("POST", "/resume")
+        self._check_route(response, "/resume")
+        if response.status_code != 200:
+            raise EngineBusy(
+                f"vLLM did not resume: {response_detail(response)}",
+                url=self.base_url,
+                status=response.status_code,
+            )
+
+    async def reset_cache(self, policy: KvCachePolicy) -> None:
+        if policy is not KvCachePolicy.ALL:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._flush_timeout
+        while True:
+            response = await self._http.request("POST", "/reset_prefix_cache")
+            self._check_route(response, "/reset_prefix_cache")
+            if (
+                response.status_code == 200
+                and json_object(response).get("success", True) is not False
+            ):
+                return
+            if loop.time() >= deadline:
+                raise EngineBusy(
+                    "vLLM kept refusing to reset its prefix cache (blocks held by requests)",
+                    url=self.base_url,
+                    status=response.status_code,
+                    timeout=self._flush_timeout,
+                )
+            await asyncio.sleep(self._flush_retry_interval)
+
+    def prepare_request(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if path not in _GENERATION_PATHS:
+            return body
+        prepared = {**body, "return_weight_versions": True}
+        if self._lora is not None:
+            prepared["model"] = self._lora
+        return prepared
+
+    def identities_of(self, payload: Mapping[str, Any]) -> list[str]:
+        return weight_versions(payload)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    def _check_route(self, response: httpx.Response, route: str) -> None:
+        if response.status_code == 404:
+            raise EngineRejected(
+                f"vLLM has no {route} route: {_DEV_MODE_HINT}", url=self.base_url, route=route
+            )
