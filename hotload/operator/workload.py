@@ -1,0 +1,259 @@
+"""Render a RolloutDeployment's Kubernetes objects: StatefulSet, Service, sidecar RBAC.
+
+A pure planner (CONVENTIONS.md, "LWS / kueue"): the deployment in, plain manifests out, no
+API calls. The operator applies them; until it exists the demo and the tests do. The pod
+template is the pod contract (CONTRACTS.md) and equals ``examples/pod.yaml`` for the example
+deployment, which a test checks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from hotload.api import EngineKind, RolloutDeployment
+from hotload.api import pod as contract
+from hotload.api.group import API_VERSION
+
+Manifest = dict[str, Any]
+
+REPLICA_NAME_LABEL: Final = "app.kubernetes.io/name"
+INSTANCE_LABEL: Final = "app.kubernetes.io/instance"
+MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
+REPLICA_NAME: Final = "hotload-replica"
+MANAGED_BY: Final = "hotload"
+TERMINATION_GRACE_SECONDS: Final = 30
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    """Labels that select one deployment's replica pods."""
+    return {REPLICA_NAME_LABEL: REPLICA_NAME, INSTANCE_LABEL: name}
+
+
+def pod_labels(name: str) -> dict[str, str]:
+    return {**selector_labels(name), MANAGED_BY_LABEL: MANAGED_BY}
+
+
+def label_selector(name: str) -> str:
+    """The selector as a string, as `status.selector` and `kubectl -l` take it."""
+    return ",".join(f"{key}={value}" for key, value in selector_labels(name).items())
+
+
+def sidecar_service_account(name: str) -> str:
+    return f"{name}-sidecar"
+
+
+def _field_env(env_name: str, field_path: str) -> Manifest:
+    return {"name": env_name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
+
+
+def _secret_env(secret: str, key: str) -> Manifest:
+    return {
+        "name": key,
+        "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": True}},
+    }
+
+
+def _staging_mount() -> list[Manifest]:
+    return [{"name": contract.STAGING_VOLUME, "mountPath": contract.STAGING_MOUNT_PATH}]
+
+
+def engine_command(deployment: RolloutDeployment) -> list[str]:
+    """The engine container's command for each engine kind."""
+    engine = deployment.spec.engine
+    port = str(engine.port)
+    if engine.kind is EngineKind.REFERENCE:
+        return ["hotload", "engine", "reference", "--port", port, *engine.args]
+    if engine.kind is EngineKind.NOOP:
+        return ["hotload", "engine", "noop", "--port", port, *engine.args]
+    if engine.kind is EngineKind.SGLANG:
+        return [
+            "python3", "-m", "sglang.launch_server",
+            "--model-path", deployment.spec.model.name,
+            "--served-model-name", deployment.spec.model.served_name,
+            "--host", "$(POD_IP)", "--port", port,
+            *engine.args,
+        ]  # fmt: skip
+    return [
+        "vllm", "serve", deployment.spec.model.name,
+        "--served-model-name", deployment.spec.model.served_name,
+        "--host", "$(POD_IP)", "--port", port,
+        *engine.args,
+    ]  # fmt: skip
+
+
+def _engine_env(kind: EngineKind) -> list[Manifest]:
+    env = [_field_env(contract.ENV_POD_IP, "status.podIP")]
+    if kind is EngineKind.VLLM:
+        # The reload, pause and version routes exist only in dev mode (engine-facts.md).
+        env += [
+            {"name": "VLLM_SERVER_DEV_MODE", "value": "1"},
+            {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "1"},
+        ]
+    return env
+
+
+def _engine_probe_path(kind: EngineKind) -> str:
+    return "/health"
+
+
+def engine_container(deployment: RolloutDeployment) -> Manifest:
+    engine = deployment.spec.engine
+    container: Manifest = {
+        "name": "engine",
+        "image": engine.image,
+        "command": engine_command(deployment),
+        "ports": [{"name": "engine", "containerPort": engine.port}],
+        "env": _engine_env(engine.kind),
+        "readinessProbe": {
+            "httpGet": {"path": _engine_probe_path(engine.kind), "port": engine.port},
+            "periodSeconds": 2,
+        },
+        "volumeMounts": _staging_mount(),
+    }
+    if engine.resources:
+        container["resources"] = engine.resources
+    return container
+
+
+def sidecar_container(deployment: RolloutDeployment) -> Manifest:
+    name = deployment.metadata["name"]
+    env = [
+        _field_env(contract.ENV_POD_NAME, "metadata.name"),
+        _field_env(contract.ENV_POD_NAMESPACE, "metadata.namespace"),
+        _field_env(contract.ENV_POD_IP, "status.podIP"),
+        _field_env(contract.ENV_NODE_NAME, "spec.nodeName"),
+        {"name": contract.ENV_DEPLOYMENT, "value": name},
+    ]
+    secret = deployment.spec.hot_load.credentials_secret_ref
+    if secret is not None:
+        env += [
+            _secret_env(secret.name, "AWS_ACCESS_KEY_ID"),
+            _secret_env(secret.name, "AWS_SECRET_ACCESS_KEY"),
+        ]
+    container: Manifest = {
+        "name": "sidecar",
+        "image": deployment.spec.sidecar.image,
+        "command": ["hotload", "sidecar"],
+        "ports": [{"name": "http", "containerPort": contract.SIDECAR_PORT}],
+        "env": env,
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", "port": contract.SIDECAR_PORT},
+            "periodSeconds": 2,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": contract.SIDECAR_PORT},
+            "periodSeconds": 10,
+        },
+        "volumeMounts": _staging_mount(),
+    }
+    if deployment.spec.sidecar.resources:
+        container["resources"] = deployment.spec.sidecar.resources
+    return container
+
+
+def pod_template(deployment: RolloutDeployment) -> Manifest:
+    """The replica pod (metadata without a name: the StatefulSet names each pod)."""
+    name = deployment.metadata["name"]
+    scheduling = deployment.spec.scheduling
+    spec: Manifest = {
+        "serviceAccountName": sidecar_service_account(name),
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "readinessGates": [{"conditionType": contract.CONDITION_SNAPSHOT_READY}],
+    }
+    if scheduling.node_selector:
+        spec["nodeSelector"] = dict(scheduling.node_selector)
+    if scheduling.tolerations:
+        spec["tolerations"] = list(scheduling.tolerations)
+    if scheduling.affinity:
+        spec["affinity"] = dict(scheduling.affinity)
+    spec["volumes"] = [{"name": contract.STAGING_VOLUME, "emptyDir": {"medium": "Memory"}}]
+    spec["containers"] = [engine_container(deployment), sidecar_container(deployment)]
+    metadata: Manifest = {"labels": pod_labels(name)}
+    if deployment.spec.engine.kind is EngineKind.NOOP:
+        metadata["annotations"] = {contract.ANNOTATION_RUNTIME: contract.RUNTIME_SHARED}
+    return {"metadata": metadata, "spec": spec}
+
+
+def _metadata(deployment: RolloutDeployment, name: str) -> Manifest:
+    metadata: Manifest = {"name": name, "labels": pod_labels(deployment.metadata["name"])}
+    namespace = deployment.metadata.get("namespace")
+    if namespace:
+        metadata["namespace"] = namespace
+    uid = deployment.metadata.get("uid")
+    if uid:
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": API_VERSION,
+                "kind": deployment.kind,
+                "name": deployment.metadata["name"],
+                "uid": uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    return metadata
+
+
+def stateful_set(deployment: RolloutDeployment) -> Manifest:
+    name = deployment.metadata["name"]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _metadata(deployment, name),
+        "spec": {
+            "replicas": deployment.spec.replicas,
+            "serviceName": name,
+            # Replicas are interchangeable: start and stop them all at once.
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": selector_labels(name)},
+            "template": pod_template(deployment),
+        },
+    }
+
+
+def service(deployment: RolloutDeployment) -> Manifest:
+    """The inference front of the region: the sidecars' OpenAI-compatible port."""
+    name = deployment.metadata["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(deployment, name),
+        "spec": {
+            "selector": selector_labels(name),
+            "ports": [{"name": "http", "port": contract.SIDECAR_PORT, "targetPort": "http"}],
+        },
+    }
+
+
+def sidecar_rbac(deployment: RolloutDeployment) -> list[Manifest]:
+    """ServiceAccount, Role and RoleBinding with exactly the sidecar's rules."""
+    account = sidecar_service_account(deployment.metadata["name"])
+    namespace = deployment.metadata.get("namespace")
+    subject: Manifest = {"kind": "ServiceAccount", "name": account}
+    if namespace:
+        subject["namespace"] = namespace
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(deployment, account)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _metadata(deployment, account),
+            "rules": [dict(rule) for rule in contract.SIDECAR_RBAC_RULES],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _metadata(deployment, account),
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": account,
+            },
+            "subjects": [subject],
+        },
+    ]
+
+
+def render_workload(deployment: RolloutDeployment) -> list[Manifest]:
+    """Every object a deployment needs, in apply order (RBAC first, pods last)."""
+    return [*sidecar_rbac(deployment), service(deployment), stateful_set(deployment)]

@@ -1,0 +1,70 @@
+"""The rendered replica pod is the pod contract: examples/pod.yaml, field for field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hotload.api import EngineKind, RolloutDeployment
+from hotload.api import pod as contract
+from hotload.operator.workload import (
+    engine_command,
+    label_selector,
+    pod_template,
+    render_workload,
+    stateful_set,
+)
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+
+def _example_deployment(**hot_load: Any) -> RolloutDeployment:
+    document = yaml.safe_load((EXAMPLES / "rolloutdeployment.yaml").read_text())
+    document["spec"]["hotLoad"].update(hot_load)
+    return RolloutDeployment.model_validate(document)
+
+
+def test_rendered_pod_equals_the_reference_pod() -> None:
+    deployment = _example_deployment(
+        bucketUrl="s3://policies/demo", credentialsSecretRef={"name": "demo-bucket"}
+    )
+    reference = yaml.safe_load((EXAMPLES / "pod.yaml").read_text())
+    rendered = pod_template(deployment)
+    assert rendered["spec"] == reference["spec"]
+    assert rendered["metadata"]["labels"] == reference["metadata"]["labels"]
+
+
+def test_file_buckets_get_no_credentials_env() -> None:
+    sidecar = pod_template(_example_deployment())["spec"]["containers"][1]
+    assert not any(e["name"].startswith("AWS_") for e in sidecar["env"])
+
+
+def test_noop_replicas_ask_for_the_shared_runtime() -> None:
+    deployment = _example_deployment()
+    deployment.spec.engine.kind = EngineKind.NOOP
+    metadata = pod_template(deployment)["metadata"]
+    assert metadata["annotations"] == {contract.ANNOTATION_RUNTIME: contract.RUNTIME_SHARED}
+    assert engine_command(deployment)[:3] == ["hotload", "engine", "noop"]
+
+
+def test_vllm_gets_its_dev_mode_routes_and_binds_the_pod_ip() -> None:
+    deployment = _example_deployment()
+    deployment.spec.engine.kind = EngineKind.VLLM
+    engine = pod_template(deployment)["spec"]["containers"][0]
+    assert {"name": "VLLM_SERVER_DEV_MODE", "value": "1"} in engine["env"]
+    assert "$(POD_IP)" in engine["command"]
+
+
+def test_workload_is_rbac_then_service_then_statefulset_with_owner_refs() -> None:
+    deployment = _example_deployment()
+    deployment.metadata.update(namespace="team-a", uid="1234")
+    kinds = [o["kind"] for o in render_workload(deployment)]
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "Service", "StatefulSet"]
+    sts = stateful_set(deployment)
+    assert sts["metadata"]["ownerReferences"][0]["uid"] == "1234"
+    assert sts["spec"]["replicas"] == 2
+    assert label_selector("demo") == (
+        "app.kubernetes.io/name=hotload-replica,app.kubernetes.io/instance=demo"
+    )
