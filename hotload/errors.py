@@ -220,6 +220,12 @@ class ToolMissing(LocalRegionError):
     reason = "ToolMissing"
 
 
+class RegionIndexTaken(LocalRegionError):
+    """Another live set of local regions holds this address index: pick another base."""
+
+    reason = "RegionIndexTaken"
+
+
 class ContainerConfigInvalid(LocalRegionError):
     """The local pod runtime cannot build a container's world (a missing Secret or
     ConfigMap key, an unsupported field or volume): the container waits with this reason
