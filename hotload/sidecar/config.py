@@ -13,20 +13,13 @@ from pathlib import Path
 
 from hotload.api.pod import SIDECAR_PORT, STAGING_MOUNT_PATH
 from hotload.mounts import host_path
-
-
-@dataclass(frozen=True)
-class StorageCredentials:
-    """Bucket credentials from the deployment's Secret (boto3's names); None means anonymous
-    or the environment's own chain. Never logged: ``repr`` hides the secret."""
-
-    access_key_id: str | None = None
-    secret_access_key: str | None = field(default=None, repr=False)
+from hotload.storage import StorageCredentials
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Exponential backoff with full jitter for transient failures (storage, engine busy)."""
+    """Exponential backoff with jitter for the agent's retries of a whole load (storage
+    errors the storage layer already retried, ``NotFound``, engine busy)."""
 
     initial_s: float = 0.5
     maximum_s: float = 30.0
@@ -46,14 +39,18 @@ class AgentConfig:
     pod_ip: str | None = None
     """Address to bind and to reach the engine at; None binds all interfaces (no 127.0.0.1)."""
     node_name: str | None = None
-    credentials: StorageCredentials = field(default_factory=StorageCredentials)
+    credentials: StorageCredentials | None = None
+    """Bucket credentials from the deployment's Secret (boto3's names, read by the shell);
+    None: anonymous, or the environment's own chain (instance roles)."""
     root: Path | None = None
     """``HOTLOAD_ROOT`` under the local pod runtime; None in a real pod."""
     serve_http: bool = True
     """Serve the front and the probes on ``http_port``; False in the runtime's shared mode."""
     http_port: int = SIDECAR_PORT
     download_concurrency: int = 8
-    """Parallel ranged reads per snapshot."""
+    """Parallel ranged reads per file."""
+    decode_threads: int = 2
+    """Threads decoding a delta's chunks (beside serving: keep it below the core count)."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     history_limit: int = 20
     """Swaps remembered for ``/status``."""

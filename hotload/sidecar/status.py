@@ -100,6 +100,9 @@ class AgentStatus:
     current_via: LoadPath | None = None
     target: SnapshotRef | None = None
     state: ReplicaState | None = None
+    reason: str | None = None
+    """Why the state is Failed (a reason word of ``hotload.api.reasons``)."""
+    message: str | None = None
     phase: Phase = Phase.WAITING
     since: datetime = field(default_factory=now_utc)
     bytes_done: int = 0

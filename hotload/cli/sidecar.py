@@ -1,0 +1,124 @@
+"""``hotload sidecar``: the weight-swap agent of one pod, built from the pod contract's env.
+
+The only place that reads the environment for the agent (CONTRACTS.md, pod contract):
+``POD_NAME``, ``POD_NAMESPACE``, ``POD_IP``, ``NODE_NAME``, ``HOTLOAD_DEPLOYMENT``,
+``HOTLOAD_ROOT``, ``KUBECONFIG`` (else the in-cluster service account) and the bucket
+credentials under boto3's names. Everything else comes from the RolloutDeployment.
+SIGTERM and SIGINT cancel the agent, which stops serving and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import typer
+
+from hotload.cli import app
+
+if TYPE_CHECKING:
+    from hotload.sidecar import AgentConfig
+
+
+def config_from_env(
+    environ: Mapping[str, str],
+    *,
+    port: int,
+    download_concurrency: int,
+    hold_timeout_s: float,
+) -> AgentConfig:
+    """The agent's config from the pod contract's environment (``ConfigError`` if short)."""
+    from hotload.api.pod import (
+        ENV_DEPLOYMENT,
+        ENV_NODE_NAME,
+        ENV_POD_IP,
+        ENV_POD_NAME,
+        ENV_POD_NAMESPACE,
+        ENV_ROOT,
+    )
+    from hotload.errors import ConfigError
+    from hotload.mounts import root_from
+    from hotload.sidecar import AgentConfig
+    from hotload.storage import StorageCredentials
+
+    missing = [
+        name for name in (ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_DEPLOYMENT) if not environ.get(name)
+    ]
+    if missing:
+        raise ConfigError("the sidecar needs the pod contract's environment", missing=missing)
+    key_id = environ.get("AWS_ACCESS_KEY_ID")
+    secret = environ.get("AWS_SECRET_ACCESS_KEY")
+    credentials = None
+    if key_id and secret:
+        credentials = StorageCredentials(
+            access_key_id=key_id,
+            secret_access_key=secret,
+            session_token=environ.get("AWS_SESSION_TOKEN") or None,
+        )
+    return AgentConfig(
+        pod_name=environ[ENV_POD_NAME],
+        namespace=environ[ENV_POD_NAMESPACE],
+        deployment=environ[ENV_DEPLOYMENT],
+        pod_ip=environ.get(ENV_POD_IP) or None,
+        node_name=environ.get(ENV_NODE_NAME) or None,
+        credentials=credentials,
+        root=root_from(environ.get(ENV_ROOT)),
+        serve_http=True,
+        http_port=port,
+        download_concurrency=download_concurrency,
+        hold_timeout_s=hold_timeout_s,
+    )
+
+
+async def _run(environ: Mapping[str, str], config: AgentConfig) -> None:
+    import httpx
+    from prometheus_client import CollectorRegistry
+
+    from hotload.api import EngineSpec
+    from hotload.engines import Engine, engine_url, make_engine
+    from hotload.kube import async_api_client, kubeconfig_from
+    from hotload.sidecar import SidecarAgent
+
+    api = await async_api_client(kubeconfig_from(environ))
+    engine_client = httpx.AsyncClient(timeout=30.0)
+
+    def engine_for(spec: EngineSpec) -> Engine:
+        return make_engine(spec.kind, engine_url(config.engine_host, spec.port), engine_client)
+
+    agent = SidecarAgent(config, api, CollectorRegistry(), engine_for)
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        if task is not None:
+            loop.add_signal_handler(signum, task.cancel)
+    try:
+        await agent.run()
+    except asyncio.CancelledError:
+        pass
+    finally:
+        await engine_client.aclose()
+        await api.close()
+
+
+@app.command("sidecar")
+def sidecar(
+    port: int = typer.Option(8480, "--port", help="HTTP port of the front and probes."),
+    download_concurrency: int = typer.Option(
+        8, "--download-concurrency", min=1, help="Parallel ranged reads per file."
+    ),
+    hold_timeout: float = typer.Option(
+        120.0, "--hold-timeout", min=0.1, help="ASYNC: seconds a new request may wait for a swap."
+    ),
+) -> None:
+    """Run the weight-swap agent of this pod (env from the downward API)."""
+    environ = dict(os.environ)
+    config = config_from_env(
+        environ,
+        port=port,
+        download_concurrency=download_concurrency,
+        hold_timeout_s=hold_timeout,
+    )
+    asyncio.run(_run(environ, config))

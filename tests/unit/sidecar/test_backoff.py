@@ -1,0 +1,30 @@
+"""Retries back off exponentially, capped, with jitter so a fleet does not retry in step."""
+
+from __future__ import annotations
+
+import random
+
+from hotload.sidecar.backoff import Backoff
+from hotload.sidecar.config import RetryPolicy
+
+
+def test_delays_grow_then_stay_under_the_cap() -> None:
+    policy = RetryPolicy(initial_s=1.0, maximum_s=8.0, multiplier=2.0, jitter=0.0)
+    backoff = Backoff(policy)
+    assert [backoff.next_delay() for _ in range(6)] == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+
+
+def test_jitter_stays_within_its_fraction_and_varies() -> None:
+    policy = RetryPolicy(initial_s=4.0, maximum_s=4.0, jitter=0.5)
+    backoff = Backoff(policy, random.Random(7))
+    delays = [backoff.next_delay() for _ in range(50)]
+    assert all(2.0 <= d <= 4.0 for d in delays)
+    assert len({round(d, 6) for d in delays}) > 40
+
+
+def test_reset_starts_over() -> None:
+    backoff = Backoff(RetryPolicy(initial_s=1.0, jitter=0.0))
+    backoff.next_delay()
+    backoff.next_delay()
+    backoff.reset()
+    assert backoff.next_delay() == 1.0

@@ -1,0 +1,87 @@
+"""What the sidecar writes on its Pod: annotations per transition and the readiness gate."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from hotload.api import LoadPath, ReplicaState, reasons
+from hotload.api.pod import (
+    ANNOTATION_MESSAGE,
+    ANNOTATION_REASON,
+    ANNOTATION_SINCE,
+    ANNOTATION_SNAPSHOT,
+    ANNOTATION_STATE,
+    ANNOTATION_TARGET,
+    ANNOTATION_VIA,
+    CONDITION_SNAPSHOT_READY,
+    SIDECAR_ANNOTATIONS,
+)
+from hotload.sidecar.pod_report import (
+    MESSAGE_LIMIT,
+    PodAnnotations,
+    annotation_patch,
+    condition_patch,
+    readiness_gate,
+)
+
+MOMENT = datetime(2026, 11, 23, 9, 45, 12, 345000, tzinfo=UTC)
+
+
+def test_annotation_patch_names_every_sidecar_annotation_in_one_patch() -> None:
+    report = PodAnnotations("s-4", "s-5", ReplicaState.LOADING, MOMENT, LoadPath.DELTA)
+    annotations = annotation_patch(report)["metadata"]["annotations"]
+    assert set(annotations) == set(SIDECAR_ANNOTATIONS)
+    assert annotations[ANNOTATION_SNAPSHOT] == "s-4"
+    assert annotations[ANNOTATION_TARGET] == "s-5"
+    assert annotations[ANNOTATION_STATE] == "Loading"
+    assert annotations[ANNOTATION_VIA] == "delta"
+    assert annotations[ANNOTATION_SINCE] == "2026-11-23T09:45:12Z"
+
+
+def test_reason_and_message_are_removed_unless_failed() -> None:
+    loading = PodAnnotations("s-4", "s-5", ReplicaState.LOADING, MOMENT, reason="NotFound", message="x")
+    values = loading.values()
+    assert values[ANNOTATION_REASON] is None and values[ANNOTATION_MESSAGE] is None
+
+
+def test_failed_report_carries_reason_and_a_bounded_message() -> None:
+    failed = PodAnnotations(
+        "s-4", "s-5", ReplicaState.FAILED, MOMENT, LoadPath.DELTA,
+        reason=reasons.CHECKSUM_MISMATCH, message="m" * (MESSAGE_LIMIT * 3),
+    )
+    values = failed.values()
+    assert values[ANNOTATION_REASON] == "ChecksumMismatch"
+    assert values[ANNOTATION_MESSAGE] == "m" * MESSAGE_LIMIT
+
+
+def test_a_new_time_alone_is_not_a_new_transition() -> None:
+    first = PodAnnotations("s-4", "s-5", ReplicaState.LOADING, MOMENT)
+    later = PodAnnotations("s-4", "s-5", ReplicaState.LOADING, datetime.now(UTC))
+    assert later.same_content(first)
+    assert not PodAnnotations("s-5", "s-5", ReplicaState.READY, MOMENT).same_content(first)
+
+
+def test_gate_is_false_until_the_first_verified_load() -> None:
+    gate = readiness_gate(None, None, 5, None)
+    assert not gate.ready and gate.reason == reasons.NOT_LOADED
+
+
+def test_gate_stays_true_while_behind_the_target_without_max_stale() -> None:
+    gate = readiness_gate(3, "s-3", 40, None)
+    assert gate.ready and gate.reason == reasons.VERIFIED
+
+
+def test_gate_turns_false_when_more_than_max_stale_steps_behind() -> None:
+    assert readiness_gate(3, "s-3", 5, 2).ready
+    stale = readiness_gate(3, "s-3", 6, 2)
+    assert not stale.ready and stale.reason == reasons.STALE
+    assert "3 steps behind" in stale.message
+
+
+def test_condition_patch_carries_only_our_condition_type() -> None:
+    patch = condition_patch(readiness_gate(3, "s-3", 3, None), MOMENT)
+    conditions = patch["status"]["conditions"]
+    assert [c["type"] for c in conditions] == [CONDITION_SNAPSHOT_READY]
+    assert conditions[0]["status"] == "True"
+    assert conditions[0]["lastTransitionTime"] == "2026-11-23T09:45:12Z"
+    assert set(patch) == {"status"} and set(patch["status"]) == {"conditions"}
