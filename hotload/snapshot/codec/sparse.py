@@ -1,0 +1,119 @@
+"""Sparse payloads: which elements changed (gaps) and by how much (zigzag differences).
+
+Layout per chunk (docs/snapshot-format.md, "Sparse payload")::
+
+    varint chunk_elements
+    per chunk: varint changes; if changes > 0: byte gap_planes (1..3),
+               then gap_planes + width varint frame lengths
+    frames, chunk-major: gap planes then value planes, least significant first
+
+A gap is the number of unchanged elements before a change (since the previous change
+in the chunk), so positions are ``cumsum(gap + 1) - 1``; they are strictly increasing
+by construction and the decoder checks the last one lies inside the chunk. Decoding
+touches only the changed elements: the rest of the output is the previous tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hotload.errors import DecodeFailed
+from hotload.snapshot.codec import planes
+from hotload.snapshot.codec.dense import chunk_bounds
+from hotload.snapshot.codec.frames import compress_plane, decompress_exact
+from hotload.snapshot.codec.transforms import unzigzag, zigzag_diff
+from hotload.snapshot.codec.varint import Reader, write_varint
+from hotload.snapshot.limits import MAX_CHUNK_ELEMENTS
+
+_GAP_WORD = np.dtype(np.uint32)
+
+
+@dataclass(frozen=True)
+class SparseChunk:
+    start: int
+    length: int
+    changes: int
+    gap_planes: int
+    frames: tuple[memoryview, ...]
+
+
+def gap_planes_for(max_gap: int) -> int:
+    return 1 if max_gap < 1 << 8 else 2 if max_gap < 1 << 16 else 3
+
+
+def encode_chunk(new: np.ndarray, old: np.ndarray, level: int) -> tuple[int, int, list[bytes]]:
+    """(changes, gap planes, frames) of one chunk."""
+    positions = np.flatnonzero(new != old)
+    changes = len(positions)
+    if changes == 0:
+        return 0, 0, []
+    gaps = np.diff(positions, prepend=-1) - 1
+    gap_count = gap_planes_for(int(gaps.max()))
+    frames = [compress_plane(p, level) for p in planes.split(gaps.astype(_GAP_WORD), gap_count)]
+    values = zigzag_diff(new[positions], old[positions])
+    frames += [compress_plane(p, level) for p in planes.split(values)]
+    return changes, gap_count, frames
+
+
+def assemble(chunk_elements: int, chunks: list[tuple[int, int, list[bytes]]]) -> bytes:
+    head = bytearray()
+    write_varint(chunk_elements, head)
+    for changes, gap_count, frames in chunks:
+        write_varint(changes, head)
+        if changes:
+            head.append(gap_count)
+            for frame in frames:
+                write_varint(len(frame), head)
+    return bytes(head) + b"".join(f for _, _, frames in chunks for f in frames)
+
+
+def parse(payload: memoryview, numel: int, width: int, *, tensor: str) -> list[SparseChunk]:
+    reader = Reader(payload)
+    chunk_elements = reader.varint(limit=MAX_CHUNK_ELEMENTS, field="chunk_elements")
+    if chunk_elements == 0:
+        raise DecodeFailed("chunk_elements is zero", tensor=tensor)
+    heads: list[tuple[int, int, int, int, list[int]]] = []
+    for start, length in chunk_bounds(numel, chunk_elements):
+        changes = reader.varint(limit=length, field="changes")
+        gap_count = 0
+        lengths: list[int] = []
+        if changes:
+            gap_count = reader.byte(field="gap_planes")
+            if gap_count not in (1, 2, 3):
+                raise DecodeFailed("gap_planes must be 1, 2 or 3", tensor=tensor, found=gap_count)
+            lengths = [
+                reader.varint(limit=len(payload), field="frame_length")
+                for _ in range(gap_count + width)
+            ]
+        heads.append((start, length, changes, gap_count, lengths))
+    chunks = [
+        SparseChunk(start, length, changes, gap_count, tuple(reader.take(n, field="frame") for n in lengths))
+        for start, length, changes, gap_count, lengths in heads
+    ]
+    if reader.remaining():
+        raise DecodeFailed("payload longer than its frames", tensor=tensor)
+    return chunks
+
+
+def decode_changes(chunk: SparseChunk, *, tensor: str) -> tuple[np.ndarray, np.ndarray]:
+    """(positions in the chunk, zigzag differences) of one chunk's changes."""
+    what = f"{tensor}@{chunk.start}"
+    data = [decompress_exact(frame, chunk.changes, what=what) for frame in chunk.frames]
+    gaps = planes.join(data[: chunk.gap_planes], chunk.changes, _GAP_WORD)
+    positions = np.cumsum(gaps, dtype=np.int64)
+    positions += np.arange(chunk.changes, dtype=np.int64)
+    if positions[-1] >= chunk.length:
+        raise DecodeFailed("sparse position past the end of its chunk", what=what)
+    width = len(chunk.frames) - chunk.gap_planes
+    word = np.dtype(f"u{width}")
+    return positions, planes.join(data[chunk.gap_planes :], chunk.changes, word)
+
+
+def decode_chunk(chunk: SparseChunk, out: np.ndarray, *, tensor: str) -> None:
+    """Patch ``out`` (this chunk's words, holding the previous bits) in place."""
+    if not chunk.changes:
+        return
+    positions, values = decode_changes(chunk, tensor=tensor)
+    out[positions] += unzigzag(values)

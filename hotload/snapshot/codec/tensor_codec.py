@@ -1,0 +1,184 @@
+"""One tensor in, one payload out (and back): the codec chosen per tensor by measured size.
+
+The encoder tries the candidates that can plausibly win for the fraction of elements
+that changed, measures each payload, and keeps the smallest (ties go to the cheaper
+decode: sparse, then dense-sub, dense-xor, raw). A tensor that is new, or whose dtype
+or shape changed, is ``raw``; a bit-identical one is ``unchanged`` and stores nothing.
+
+Decoding is split into independent chunk jobs (:func:`plan_decode`), so the caller can
+run them on a thread pool: each job writes only its chunk of the output words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+
+from hotload.errors import DecodeFailed
+from hotload.snapshot.codec import dense, sparse
+from hotload.snapshot.limits import DEFAULT_CHUNK_ELEMENTS, MAX_CHUNK_ELEMENTS
+from hotload.snapshot.manifest import CodecId
+
+SPARSE_MAX_FRACTION = 0.3
+"""Above this fraction of changed elements the sparse form is not even tried."""
+DENSE_MIN_FRACTION = 0.002
+"""Below it the dense forms are not tried (their zero runs alone outweigh the changes)."""
+RAW_MIN_FRACTION = 0.6
+"""Above it ``raw`` is tried too (a tensor rewritten rather than nudged)."""
+
+_PREFERENCE = (CodecId.SPARSE, CodecId.DENSE_SUB, CodecId.DENSE_XOR, CodecId.RAW)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class CodecOptions:
+    """Encoder settings; none of them changes what a decoder must support."""
+
+    level: int = 3
+    """zstd level of every frame."""
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
+    codecs: tuple[CodecId, ...] = _PREFERENCE
+    """Candidates allowed (for experiments and tests); raw is always allowed."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.chunk_elements <= MAX_CHUNK_ELEMENTS:
+            raise ValueError(f"chunk_elements must be in 1..{MAX_CHUNK_ELEMENTS}")
+
+
+@dataclass(frozen=True)
+class EncodedTensor:
+    codec: CodecId
+    payload: bytes
+    """Empty for ``unchanged``."""
+    changed: int | None
+    """Elements whose bits differ from the previous tensor (None for ``raw``)."""
+
+
+def _map(executor: Executor | None, fn: Callable[[tuple[int, int]], T], items: Iterable[tuple[int, int]]) -> list[T]:
+    if executor is None:
+        return [fn(item) for item in items]
+    return list(executor.map(fn, items))
+
+
+def encode_tensor(
+    new: np.ndarray,
+    old: np.ndarray | None,
+    options: CodecOptions = CodecOptions(),
+    executor: Executor | None = None,
+) -> EncodedTensor:
+    """Encode ``new`` (1-D unsigned words) against ``old`` (same words, or None: no previous)."""
+    bounds = dense.chunk_bounds(len(new), options.chunk_elements)
+    size = options.chunk_elements
+
+    def dense_payload(codec: CodecId) -> bytes:
+        def one(bound: tuple[int, int]) -> list[bytes]:
+            s, n = bound
+            return dense.encode_chunk(codec, new[s : s + n], None if old is None else old[s : s + n], options.level)
+
+        return dense.assemble(size, _map(executor, one, bounds))
+
+    if old is None or old.dtype != new.dtype or len(old) != len(new):
+        return EncodedTensor(CodecId.RAW, dense_payload(CodecId.RAW), None)
+    changed = int(np.count_nonzero(new != old))
+    if changed == 0:
+        return EncodedTensor(CodecId.UNCHANGED, b"", 0)
+    fraction = changed / len(new)
+    candidates: dict[CodecId, bytes] = {}
+    allowed = set(options.codecs)
+    if CodecId.SPARSE in allowed and fraction <= SPARSE_MAX_FRACTION:
+
+        def one_sparse(bound: tuple[int, int]) -> tuple[int, int, list[bytes]]:
+            s, n = bound
+            return sparse.encode_chunk(new[s : s + n], old[s : s + n], options.level)
+
+        candidates[CodecId.SPARSE] = sparse.assemble(size, _map(executor, one_sparse, bounds))
+    if fraction >= DENSE_MIN_FRACTION or not candidates:
+        for codec in (CodecId.DENSE_SUB, CodecId.DENSE_XOR):
+            if codec in allowed:
+                candidates[codec] = dense_payload(codec)
+    if fraction >= RAW_MIN_FRACTION or not candidates:
+        candidates[CodecId.RAW] = dense_payload(CodecId.RAW)
+    best = min(candidates, key=lambda c: (len(candidates[c]), _PREFERENCE.index(c)))
+    return EncodedTensor(best, candidates[best], None if best is CodecId.RAW else changed)
+
+
+@dataclass(frozen=True)
+class ChunkJob:
+    """One independent piece of a tensor's decode: elements ``[start, start + length)``."""
+
+    codec: CodecId
+    chunk: dense.DenseChunk | sparse.SparseChunk
+    tensor: str
+
+    @property
+    def start(self) -> int:
+        return self.chunk.start
+
+    @property
+    def length(self) -> int:
+        return self.chunk.length
+
+    def run(self, out: np.ndarray) -> None:
+        """Rebuild ``out`` (this chunk's words; previous bits in it unless ``raw``)."""
+        if isinstance(self.chunk, sparse.SparseChunk):
+            sparse.decode_chunk(self.chunk, out, tensor=self.tensor)
+        else:
+            dense.decode_chunk(self.codec, self.chunk, out, tensor=self.tensor)
+
+
+def plan_decode(
+    codec: CodecId,
+    payload: memoryview,
+    numel: int,
+    width: int,
+    *,
+    tensor: str,
+    changed: int | None = None,
+) -> list[ChunkJob]:
+    """Parse ``payload``'s layout into chunk jobs; :class:`DecodeFailed` if it is malformed.
+
+    ``changed`` (from the manifest) must equal the sparse payload's change count.
+    """
+    if codec is CodecId.SPARSE:
+        sparse_chunks = sparse.parse(payload, numel, width, tensor=tensor)
+        total = sum(c.changes for c in sparse_chunks)
+        if changed is not None and total != changed:
+            raise DecodeFailed(
+                "sparse payload changes disagree with the manifest",
+                tensor=tensor,
+                expected=changed,
+                found=total,
+            )
+        return [ChunkJob(codec, c, tensor) for c in sparse_chunks]
+    if codec in (CodecId.RAW, CodecId.DENSE_XOR, CodecId.DENSE_SUB):
+        return [ChunkJob(codec, c, tensor) for c in dense.parse(payload, numel, width, tensor=tensor)]
+    raise DecodeFailed("codec has no payload", tensor=tensor, codec=str(codec))
+
+
+def needs_previous(codec: CodecId) -> bool:
+    """Whether the output must start as the previous tensor's bits."""
+    return codec in (CodecId.UNCHANGED, CodecId.SPARSE, CodecId.DENSE_XOR, CodecId.DENSE_SUB)
+
+
+def decode_tensor(
+    codec: CodecId,
+    payload: bytes | memoryview,
+    out: np.ndarray,
+    *,
+    tensor: str = "",
+    changed: int | None = None,
+) -> None:
+    """Rebuild ``out`` in place in one thread (previous bits in it for delta codecs)."""
+    if codec is CodecId.UNCHANGED:
+        return
+    for job in plan_decode(codec, memoryview(payload), len(out), out.dtype.itemsize, tensor=tensor, changed=changed):
+        job.run(out[job.start : job.start + job.length])
+
+
+def iter_jobs(jobs: Iterable[ChunkJob]) -> Iterator[ChunkJob]:
+    yield from jobs

@@ -1,0 +1,415 @@
+"""Rebuild a full model directory from a snapshot (and, for a delta, the previous one).
+
+Order of checks, so that nothing is trusted before it is verified: the manifest parses
+within its limits; every stored file has its size and sha256; the previous directory is
+the one the delta was made against (its record or its tensors' digest); each shard's
+header has its declared hash and agrees with the manifest's tensor list; each payload's
+layout fits its tensor before any frame is opened; each frame declares exactly the size
+the layout implies; each rebuilt tensor has its xxh3-128. Everything is written into a
+temporary sibling of ``out`` that is renamed only when complete, and removed on error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+import os
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hotload.api import SnapshotKind
+from hotload.errors import ChainBroken, ChecksumMismatch, DecodeFailed, ManifestInvalid
+from hotload.snapshot.codec.frames import decompress_exact
+from hotload.snapshot.codec.tensor_codec import ChunkJob, needs_previous, plan_decode
+from hotload.snapshot.digest import file_digest, tensor_hash, tensor_set_digest
+from hotload.snapshot.dtypes import DTYPES
+from hotload.snapshot.layout import CONFIG, REBUILT_NAME, check_config_change, scan
+from hotload.snapshot.limits import DEFAULT_CHUNK_ELEMENTS
+from hotload.snapshot.manifest import (
+    ByteRange,
+    Manifest,
+    ShardEntry,
+    TensorEntry,
+    read_manifest,
+)
+from hotload.snapshot.paths import inside
+from hotload.snapshot.safetensors_file import SafetensorsHeader, length_prefix, parse_header
+from hotload.snapshot.staging import copy_file, staged_directory, write_bytes
+from hotload.snapshot.tensor_files import TensorIndex, mapped_shards
+from hotload.snapshot.verifier import verify_stored_files
+
+log = logging.getLogger(__name__)
+
+PENDING_PAYLOAD_BYTES = 64 * 1024 * 1024
+"""Encoded bytes read ahead of the decode threads, per rebuild."""
+
+
+@dataclass(frozen=True)
+class RebuildResult:
+    manifest: Manifest
+    path: Path
+    tensor_bytes: int
+    """Bytes of tensor data rebuilt (and verified)."""
+    files: int
+    """Files in the rebuilt directory."""
+
+
+def read_rebuilt_record(directory: Path) -> dict[str, object] | None:
+    """The decoder's record in a rebuilt directory, or None if there is none."""
+    path = directory / REBUILT_NAME
+    if not path.is_file() or path.stat().st_size > 64 * 1024:
+        return None
+    try:
+        record = json.loads(path.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _record(manifest: Manifest, digest: str) -> bytes:
+    return json.dumps(
+        {
+            "identity": manifest.identity,
+            "step": manifest.step,
+            "kind": manifest.kind.value,
+            "tensorDigest": digest,
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+def rebuild(
+    previous: Path | None,
+    snapshot: Path,
+    out: Path,
+    *,
+    threads: int = 1,
+    verify_previous: bool = False,
+) -> RebuildResult:
+    """Rebuild the full directory of ``snapshot`` into ``out`` (absent or empty), verified.
+
+    ``previous`` is the rebuilt directory of the delta's previous snapshot (ignored for
+    Full and LoRA). ``threads`` decode chunks in parallel; memory beyond the output is
+    one chunk per thread. ``verify_previous`` hashes the previous tensors even when the
+    previous directory carries the decoder's record of what it holds.
+    """
+    manifest = read_manifest(snapshot)
+    verify_stored_files(snapshot, manifest)
+    digest = tensor_set_digest((t.name, t.hash) for t in manifest.tensors)
+    with staged_directory(out) as staging:
+        if manifest.kind is SnapshotKind.INCREMENTAL:
+            if previous is None:
+                raise ChainBroken(
+                    "an incremental snapshot needs its previous snapshot",
+                    identity=manifest.identity,
+                    previous=manifest.previous,
+                )
+            _rebuild_incremental(previous, snapshot, staging, manifest, threads, verify_previous)
+        else:
+            _rebuild_complete(snapshot, staging, manifest)
+        write_bytes(staging / REBUILT_NAME, _record(manifest, digest))
+        files = sum(1 for p in staging.rglob("*") if p.is_file())
+    log.info(
+        "snapshot rebuilt",
+        extra={"identity": manifest.identity, "kind": manifest.kind.value, "out": str(out)},
+    )
+    return RebuildResult(manifest, out, manifest.tensor_bytes(), files)
+
+
+def _rebuild_complete(snapshot: Path, staging: Path, manifest: Manifest) -> None:
+    for entry in manifest.files:
+        copy_file(inside(snapshot, entry.path), inside(staging, entry.path))
+    with mapped_shards(staging, [s.path for s in manifest.shards]) as index:
+        check_complete_shards(index, manifest)
+
+
+def check_complete_shards(index: TensorIndex, manifest: Manifest) -> None:
+    """Shard headers and tensor hashes of a Full or LoRA snapshot against its manifest."""
+    entries = _entries_by_shard(manifest)
+    for shard_entry in manifest.shards:
+        shard = index.shards[shard_entry.path]
+        _check_shard(shard_entry, shard.header.header_bytes, manifest)
+        _check_tensors_match(shard.header, entries.get(shard_entry.path, {}), shard_entry.path)
+        for info in shard.header.tensors:
+            _check_hash(entries[shard_entry.path][info.name], shard.raw(info), manifest)
+
+
+def _entries_by_shard(manifest: Manifest) -> dict[str, dict[str, TensorEntry]]:
+    result: dict[str, dict[str, TensorEntry]] = {}
+    for tensor in manifest.tensors:
+        result.setdefault(tensor.file, {})[tensor.name] = tensor
+    return result
+
+
+def _check_shard(entry: ShardEntry, header_bytes: bytes, manifest: Manifest) -> None:
+    if len(header_bytes) != entry.header_length or tensor_hash(header_bytes) != entry.header_hash:
+        raise ChecksumMismatch(
+            "shard header differs from the manifest",
+            snapshot=manifest.identity,
+            file=entry.path,
+        )
+
+
+def _check_tensors_match(header: SafetensorsHeader, entries: dict[str, TensorEntry], shard: str) -> None:
+    declared = {name: (e.dtype, tuple(e.shape)) for name, e in entries.items()}
+    found = {t.name: (t.dtype.name, t.shape) for t in header.tensors}
+    if declared != found:
+        missing = sorted(set(found) ^ set(declared))[:5]
+        differing = sorted(n for n in set(found) & set(declared) if found[n] != declared[n])[:5]
+        raise ManifestInvalid(
+            "manifest and shard header disagree on the tensors",
+            file=shard,
+            unlisted_or_missing=missing,
+            differing=differing,
+        )
+
+
+def _check_hash(entry: TensorEntry, data: memoryview | bytes, manifest: Manifest) -> None:
+    found = tensor_hash(data)
+    if found != entry.hash:
+        raise ChecksumMismatch(
+            "rebuilt tensor hash differs from the manifest",
+            snapshot=manifest.identity,
+            tensor=entry.name,
+            expected=entry.hash,
+            found=found,
+        )
+
+
+def _check_previous(previous: Path, manifest: Manifest, index: TensorIndex, verify: bool) -> None:
+    record = read_rebuilt_record(previous)
+    if record is not None and record.get("identity") != manifest.previous:
+        raise ChainBroken(
+            "the previous directory holds another snapshot",
+            identity=manifest.identity,
+            expected=manifest.previous,
+            found=record.get("identity"),
+        )
+    if record is not None and not verify and isinstance(record.get("tensorDigest"), str):
+        digest = record["tensorDigest"]
+    else:
+        digest = index.digest()
+    if digest != manifest.previous_digest:
+        raise ChainBroken(
+            "the previous directory's tensors are not the ones this delta was made against",
+            identity=manifest.identity,
+            previous=manifest.previous,
+        )
+
+
+def _read_range(snapshot: Path, byte_range: ByteRange) -> bytes:
+    with inside(snapshot, byte_range.file).open("rb") as handle:
+        handle.seek(byte_range.offset)
+        data = handle.read(byte_range.length)
+    if len(data) != byte_range.length:
+        raise DecodeFailed("delta file shorter than the manifest says", file=byte_range.file)
+    return data
+
+
+def _rebuild_incremental(
+    previous: Path,
+    snapshot: Path,
+    staging: Path,
+    manifest: Manifest,
+    threads: int,
+    verify_previous: bool,
+) -> None:
+    before = scan(previous)
+    for entry in manifest.referenced:
+        source = inside(previous, entry.path)
+        if not source.is_file() or source.stat().st_size != entry.size or file_digest(source, manifest.file_hash) != entry.hash:
+            raise ChainBroken(
+                "a file the delta references differs in the previous directory",
+                identity=manifest.identity,
+                file=entry.path,
+            )
+        copy_file(source, inside(staging, entry.path))
+    for entry in manifest.files:
+        target = inside(staging, entry.path)
+        copy_file(inside(snapshot, entry.path), target)
+        if entry.path == CONFIG and CONFIG in before.others:
+            check_config_change(before.path(CONFIG), target, manifest.ignored_config_fields)
+    entries = _entries_by_shard(manifest)
+    with mapped_shards(previous, before.shards) as old:
+        _check_previous(previous, manifest, old, verify_previous)
+        pool = ThreadPoolExecutor(threads) if threads > 1 else None
+        try:
+            for shard_entry in manifest.shards:
+                _rebuild_shard(old, snapshot, staging, manifest, shard_entry, entries.get(shard_entry.path, {}), pool)
+        finally:
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
+
+
+def _shard_header(old: TensorIndex, snapshot: Path, entry: ShardEntry, manifest: Manifest) -> bytes:
+    if entry.header is None:
+        previous_shard = old.shards.get(entry.path)
+        if previous_shard is None:
+            raise ChainBroken(
+                "the delta reuses a shard header the previous snapshot does not have",
+                identity=manifest.identity,
+                file=entry.path,
+            )
+        header_bytes = previous_shard.header.header_bytes
+        if len(header_bytes) != entry.header_length or tensor_hash(header_bytes) != entry.header_hash:
+            raise ChainBroken(
+                "the previous snapshot's shard header is not the one the delta reuses",
+                identity=manifest.identity,
+                file=entry.path,
+            )
+        return header_bytes
+    frame = _read_range(snapshot, entry.header)
+    header_bytes = decompress_exact(memoryview(frame), entry.header_length, what=f"header of {entry.path}")
+    if header_bytes is None:
+        raise DecodeFailed("a stored shard header is empty", file=entry.path)
+    _check_shard(entry, header_bytes, manifest)
+    return header_bytes
+
+
+Task = Callable[[], None]
+
+
+def _rebuild_shard(
+    old: TensorIndex,
+    snapshot: Path,
+    staging: Path,
+    manifest: Manifest,
+    entry: ShardEntry,
+    entries: dict[str, TensorEntry],
+    pool: ThreadPoolExecutor | None,
+) -> None:
+    header_bytes = _shard_header(old, snapshot, entry, manifest)
+    header = parse_header(header_bytes, entry.size, source=entry.path)
+    _check_tensors_match(header, entries, entry.path)
+    target = inside(staging, entry.path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with target.open("w+b") as handle:
+        handle.truncate(entry.size)
+        with mmap.mmap(handle.fileno(), entry.size) as output:
+            output[: header.data_start] = length_prefix(header_bytes) + header_bytes
+            _fill_tensors(old, snapshot, manifest, header, entries, output, pool)
+            output.flush()
+        os.fsync(handle.fileno())
+
+
+def _fill_tensors(
+    old: TensorIndex,
+    snapshot: Path,
+    manifest: Manifest,
+    header: SafetensorsHeader,
+    entries: dict[str, TensorEntry],
+    output: mmap.mmap,
+    pool: ThreadPoolExecutor | None,
+) -> None:
+    """Decode every tensor of one shard into ``output``, hashing each as it completes.
+
+    Payloads are read one tensor at a time; at most ``PENDING_PAYLOAD_BYTES`` of them
+    wait in the pool at once, so memory beyond the output stays bounded.
+    """
+    pending: deque[tuple[TensorEntry, int, int, int, list[Future[None]]]] = deque()
+    pending_bytes = 0
+    view = memoryview(output)
+    try:
+
+        def drain_one() -> int:
+            tensor, begin, end, size, futures = pending.popleft()
+            for future in futures:
+                future.result()
+            _check_hash(tensor, view[begin:end], manifest)
+            return size
+
+        for info in header.tensors:
+            tensor = entries[info.name]
+            payload = None if tensor.data is None else _read_range(snapshot, tensor.data)
+            size = 0 if payload is None else len(payload)
+            tasks = _tensor_tasks(old, manifest, tensor, output, info.begin, payload)
+            pending.append((tensor, info.begin, info.end, size, [_submit(pool, t) for t in tasks]))
+            pending_bytes += size
+            while len(pending) > 1 and pending_bytes > PENDING_PAYLOAD_BYTES:
+                pending_bytes -= drain_one()
+        while pending:
+            drain_one()
+    finally:
+        for *_, futures in pending:
+            for future in futures:
+                future.cancel()
+            for future in futures:
+                if not future.cancelled():
+                    future.exception()
+        pending.clear()
+        view.release()
+
+
+def _submit(pool: ThreadPoolExecutor | None, task: Task) -> Future[None]:
+    if pool is not None:
+        return pool.submit(task)
+    future: Future[None] = Future()
+    try:
+        task()
+    except BaseException as err:
+        future.set_exception(err)
+    else:
+        future.set_result(None)
+    return future
+
+
+def _tensor_tasks(
+    old: TensorIndex,
+    manifest: Manifest,
+    tensor: TensorEntry,
+    output: mmap.mmap,
+    begin: int,
+    payload: bytes | None,
+) -> list[Task]:
+    dtype = DTYPES[tensor.dtype]
+    numel = tensor.numel
+    if numel == 0:
+        return []
+    previous: tuple[int, int] | None = None
+    source = None
+    if needs_previous(tensor.codec):
+        found = old.by_name.get(tensor.name)
+        if found is None:
+            raise ChainBroken(
+                "a delta names a tensor the previous snapshot does not have",
+                identity=manifest.identity,
+                tensor=tensor.name,
+            )
+        shard, info = found
+        if info.dtype.name != tensor.dtype or info.shape != tuple(tensor.shape):
+            raise DecodeFailed(
+                "a delta's tensor has another dtype or shape than the previous one",
+                tensor=tensor.name,
+                expected=f"{tensor.dtype}{tensor.shape}",
+                found=f"{info.dtype.name}{list(info.shape)}",
+            )
+        source = shard
+        previous = (info.begin, info.end)
+    if payload is None:
+        jobs: list[ChunkJob | None] = [None] * ((numel + DEFAULT_CHUNK_ELEMENTS - 1) // DEFAULT_CHUNK_ELEMENTS)
+        spans = [(s, min(DEFAULT_CHUNK_ELEMENTS, numel - s)) for s in range(0, numel, DEFAULT_CHUNK_ELEMENTS)]
+    else:
+        planned = plan_decode(
+            tensor.codec, memoryview(payload), numel, dtype.width, tensor=tensor.name, changed=tensor.changed
+        )
+        jobs = list(planned)
+        spans = [(job.start, job.length) for job in planned]
+    word = dtype.word
+    tasks: list[Task] = []
+    for job, (start, length) in zip(jobs, spans, strict=True):
+
+        def task(job: ChunkJob | None = job, start: int = start, length: int = length) -> None:
+            out = np.frombuffer(output, dtype=word, count=length, offset=begin + start * dtype.width)
+            if source is not None and previous is not None:
+                np.copyto(out, np.frombuffer(source.buffer, dtype=word, count=length, offset=previous[0] + start * dtype.width))
+            if job is not None:
+                job.run(out)
+
+        tasks.append(task)
+    return tasks

@@ -1,0 +1,315 @@
+"""Write snapshots: Full (a Hugging Face directory), LoRA (a PEFT adapter), Incremental.
+
+An incremental snapshot holds, per shard of the current weights, one delta file with
+every changed tensor's payload (and the shard's header when it changed), plus the
+non-tensor files that changed; unchanged files are referenced by hash. The manifest is
+written last, then the directory is renamed into place (docs/snapshot-format.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from hotload.api import SnapshotKind
+from hotload.errors import ConfigError
+from hotload.snapshot.codec.frames import compress_bytes
+from hotload.snapshot.codec.tensor_codec import CodecOptions, encode_tensor
+from hotload.snapshot.digest import bytes_digest, file_digest, tensor_hash
+from hotload.snapshot.layout import CONFIG, ModelDir, check_config_change, scan
+from hotload.snapshot.manifest import (
+    MANIFEST_NAME,
+    ByteRange,
+    CodecId,
+    FileHash,
+    Manifest,
+    ShardEntry,
+    StoredFile,
+    TensorEntry,
+)
+from hotload.snapshot.staging import copy_file, staged_directory, write_bytes
+from hotload.snapshot.tensor_files import TensorIndex, mapped_shards
+
+log = logging.getLogger(__name__)
+
+HEADER_LEVEL = 19
+"""zstd level for stored shard headers (small, very repetitive JSON)."""
+
+
+@dataclass(frozen=True)
+class TensorReport:
+    """What the encoder did with one tensor."""
+
+    name: str
+    dtype: str
+    numel: int
+    codec: CodecId
+    changed: int | None
+    stored_bytes: int
+
+
+@dataclass(frozen=True)
+class EncodeResult:
+    manifest: Manifest
+    path: Path
+    tensor_bytes: int
+    """Bytes of tensor data in the full snapshot (the ratio's numerator)."""
+    stored_bytes: int
+    """Bytes of every file this snapshot stores, the manifest included."""
+    tensors: tuple[TensorReport, ...]
+
+    @property
+    def ratio(self) -> float:
+        """Compression ratio as CONTRACTS.md defines it (full tensor bytes / stored bytes)."""
+        return self.tensor_bytes / self.stored_bytes if self.stored_bytes else float("inf")
+
+
+def encode(
+    previous: Path | None,
+    current: Path,
+    out: Path,
+    *,
+    identity: str,
+    step: int,
+    previous_identity: str | None = None,
+    ignored_config_fields: Iterable[str] = (),
+    options: CodecOptions = CodecOptions(),
+    threads: int = 1,
+) -> EncodeResult:
+    """Write the snapshot of ``current`` into ``out`` (which must not exist, or be empty).
+
+    ``current`` with ``adapter_config.json`` is a LoRA (always complete); with no
+    ``previous`` a Full; else an Incremental against ``previous`` (a model directory
+    holding the weights of snapshot ``previous_identity``).
+    """
+    ignored = sorted(set(ignored_config_fields))
+    model = scan(current)
+    if model.is_lora or previous is None:
+        kind = SnapshotKind.LORA if model.is_lora else SnapshotKind.FULL
+        if previous is not None:
+            log.info("a LoRA adapter is always complete: previous ignored", extra={"identity": identity})
+        return _write_complete(model, out, identity=identity, step=step, kind=kind, ignored=ignored)
+    if previous_identity is None:
+        raise ConfigError("an incremental snapshot needs previous_identity", identity=identity)
+    before = scan(previous)
+    if before.is_lora:
+        raise ConfigError("a delta cannot apply to a LoRA adapter", previous=str(previous))
+    pool = ThreadPoolExecutor(threads) if threads > 1 else None
+    try:
+        return _write_incremental(
+            before,
+            model,
+            out,
+            identity=identity,
+            step=step,
+            previous_identity=previous_identity,
+            ignored=ignored,
+            options=options,
+            pool=pool,
+        )
+    finally:
+        if pool is not None:
+            pool.shutdown()
+
+
+def encode_full(current: Path, out: Path, *, identity: str, step: int, ignored_config_fields: Iterable[str] = ()) -> EncodeResult:
+    """Write a Full (or, for an adapter directory, LoRA) snapshot of ``current``."""
+    return encode(None, current, out, identity=identity, step=step, ignored_config_fields=ignored_config_fields)
+
+
+def _stored(path: Path, relpath: str) -> StoredFile:
+    return StoredFile(path=relpath, size=path.stat().st_size, hash=file_digest(path, FileHash.SHA256))
+
+
+def _write_complete(
+    model: ModelDir, out: Path, *, identity: str, step: int, kind: SnapshotKind, ignored: list[str]
+) -> EncodeResult:
+    with staged_directory(out) as staging:
+        files = []
+        for relpath in (*model.shards, *model.others):
+            copy_file(model.path(relpath), staging / relpath)
+            files.append(_stored(staging / relpath, relpath))
+        shards: list[ShardEntry] = []
+        tensors: list[TensorEntry] = []
+        with mapped_shards(staging, model.shards) as index:
+            for relpath, shard in index.shards.items():
+                shards.append(_shard_entry(relpath, shard.header.header_bytes, shard.header.file_size, None))
+                for info in shard.header.tensors:
+                    tensors.append(
+                        TensorEntry(
+                            name=info.name,
+                            dtype=info.dtype.name,
+                            shape=list(info.shape),
+                            file=relpath,
+                            codec=CodecId.STORED,
+                            hash=tensor_hash(shard.raw(info)),
+                        )
+                    )
+        manifest = Manifest(
+            identity=identity,
+            step=step,
+            kind=kind,
+            ignored_config_fields=ignored,
+            files=files,
+            shards=shards,
+            tensors=tensors,
+        )
+        manifest_bytes = manifest.dumps()
+        write_bytes(staging / MANIFEST_NAME, manifest_bytes)
+    reports = tuple(
+        TensorReport(t.name, t.dtype, t.numel, t.codec, None, t.nbytes) for t in manifest.tensors
+    )
+    return EncodeResult(
+        manifest, out, manifest.tensor_bytes(), manifest.stored_bytes() + len(manifest_bytes), reports
+    )
+
+
+def _shard_entry(relpath: str, header_bytes: bytes, size: int, stored: ByteRange | None) -> ShardEntry:
+    return ShardEntry(
+        path=relpath,
+        size=size,
+        header_length=len(header_bytes),
+        header_hash=tensor_hash(header_bytes),
+        header=stored,
+    )
+
+
+class _DeltaWriter:
+    """Appends payloads to one delta file and remembers where each one went."""
+
+    def __init__(self, path: Path, relpath: str) -> None:
+        self.path = path
+        self.relpath = relpath
+        self.handle = path.open("wb")
+        self.offset = 0
+
+    def append(self, payload: bytes) -> ByteRange:
+        self.handle.write(payload)
+        byte_range = ByteRange(file=self.relpath, offset=self.offset, length=len(payload))
+        self.offset += len(payload)
+        return byte_range
+
+    def close(self) -> None:
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        self.handle.close()
+
+
+def delta_file_name(index: int) -> str:
+    return f"hotload-delta-{index:05d}.bin"
+
+
+def _write_incremental(
+    before: ModelDir,
+    model: ModelDir,
+    out: Path,
+    *,
+    identity: str,
+    step: int,
+    previous_identity: str,
+    ignored: list[str],
+    options: CodecOptions,
+    pool: ThreadPoolExecutor | None,
+) -> EncodeResult:
+    with staged_directory(out) as staging:
+        files: list[StoredFile] = []
+        referenced: list[StoredFile] = []
+        for relpath in model.others:
+            source = model.path(relpath)
+            entry = _stored(source, relpath)
+            if relpath in before.others:
+                if _stored(before.path(relpath), relpath) == entry:
+                    referenced.append(entry)
+                    continue
+                if relpath == CONFIG:
+                    check_config_change(before.path(relpath), source, ignored)
+            copy_file(source, staging / relpath)
+            files.append(entry)
+        with mapped_shards(before.root, before.shards) as old, mapped_shards(model.root, model.shards) as new:
+            previous_digest = old.digest()
+            deltas, shards, tensors, reports = _encode_shards(old, new, staging, options, pool)
+        manifest = Manifest(
+            identity=identity,
+            step=step,
+            kind=SnapshotKind.INCREMENTAL,
+            previous=previous_identity,
+            previous_digest=previous_digest,
+            ignored_config_fields=ignored,
+            files=files,
+            deltas=deltas,
+            referenced=referenced,
+            shards=shards,
+            tensors=tensors,
+        )
+        manifest_bytes = manifest.dumps()
+        write_bytes(staging / MANIFEST_NAME, manifest_bytes)
+    stored = manifest.stored_bytes() + len(manifest_bytes)
+    log.info(
+        "incremental snapshot written",
+        extra={"identity": identity, "previous": previous_identity, "stored_bytes": stored},
+    )
+    return EncodeResult(manifest, out, manifest.tensor_bytes(), stored, tuple(reports))
+
+
+def _encode_shards(
+    old: TensorIndex,
+    new: TensorIndex,
+    staging: Path,
+    options: CodecOptions,
+    pool: ThreadPoolExecutor | None,
+) -> tuple[list[StoredFile], list[ShardEntry], list[TensorEntry], list[TensorReport]]:
+    deltas: list[StoredFile] = []
+    shards: list[ShardEntry] = []
+    tensors: list[TensorEntry] = []
+    reports: list[TensorReport] = []
+    for number, (relpath, shard) in enumerate(new.shards.items(), start=1):
+        writer = _DeltaWriter(staging / delta_file_name(number), delta_file_name(number))
+        try:
+            header = shard.header
+            previous_shard = old.shards.get(relpath)
+            stored_header = None
+            if previous_shard is None or previous_shard.header.header_bytes != header.header_bytes:
+                stored_header = writer.append(compress_bytes(header.header_bytes, HEADER_LEVEL))
+            shards.append(_shard_entry(relpath, header.header_bytes, header.file_size, stored_header))
+            for info in header.tensors:
+                words = shard.words(info)
+                before = old.by_name.get(info.name)
+                previous_words = None
+                if before is not None and before[1].dtype == info.dtype and before[1].shape == info.shape:
+                    previous_words = before[0].words(before[1])
+                encoded = encode_tensor(words, previous_words, options, pool)
+                del previous_words
+                data = writer.append(encoded.payload) if encoded.payload else None
+                tensors.append(
+                    TensorEntry(
+                        name=info.name,
+                        dtype=info.dtype.name,
+                        shape=list(info.shape),
+                        file=relpath,
+                        codec=encoded.codec,
+                        hash=tensor_hash(shard.raw(info)),
+                        data=data,
+                        changed=encoded.changed,
+                    )
+                )
+                reports.append(
+                    TensorReport(info.name, info.dtype.name, info.numel, encoded.codec, encoded.changed, len(encoded.payload))
+                )
+                del words
+        finally:
+            writer.close()
+        if writer.offset == 0:
+            writer.path.unlink()
+        else:
+            deltas.append(
+                StoredFile(
+                    path=writer.relpath,
+                    size=writer.offset,
+                    hash=bytes_digest(writer.path.read_bytes()),
+                )
+            )
+    return deltas, shards, tensors, reports

@@ -1,0 +1,82 @@
+"""What a snapshot holds and how well it compressed, from its manifest alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from hotload.snapshot.manifest import MANIFEST_NAME, CodecId, Manifest, read_manifest
+
+
+@dataclass(frozen=True)
+class TensorSummary:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    codec: CodecId
+    numel: int
+    changed: int | None
+    stored_bytes: int
+    tensor_bytes: int
+
+    @property
+    def changed_fraction(self) -> float | None:
+        if self.changed is None:
+            return None
+        return self.changed / self.numel if self.numel else 0.0
+
+
+@dataclass(frozen=True)
+class SnapshotReport:
+    manifest: Manifest
+    manifest_bytes: int
+    tensors: tuple[TensorSummary, ...]
+
+    @property
+    def tensor_bytes(self) -> int:
+        """Bytes of tensor data in the rebuilt snapshot."""
+        return self.manifest.tensor_bytes()
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of every file the snapshot stores, manifest included."""
+        return self.manifest.stored_bytes() + self.manifest_bytes
+
+    @property
+    def ratio(self) -> float:
+        """Full tensor bytes / stored bytes (CONTRACTS.md's compression ratio)."""
+        return self.tensor_bytes / self.stored_bytes if self.stored_bytes else float("inf")
+
+    @property
+    def changed_fraction(self) -> float | None:
+        counted = [t for t in self.tensors if t.changed is not None]
+        if not counted:
+            return None
+        numel = sum(t.numel for t in counted)
+        return sum(t.changed or 0 for t in counted) / numel if numel else 0.0
+
+    def codec_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for tensor in self.tensors:
+            counts[tensor.codec.value] = counts.get(tensor.codec.value, 0) + 1
+        return counts
+
+
+def inspect_snapshot(snapshot: Path) -> SnapshotReport:
+    """Sizes, ratio, and per tensor the codec chosen and the fraction changed."""
+    manifest = read_manifest(snapshot)
+    manifest_bytes = (snapshot / MANIFEST_NAME).stat().st_size
+    summaries = tuple(
+        TensorSummary(
+            name=t.name,
+            dtype=t.dtype,
+            shape=tuple(t.shape),
+            codec=t.codec,
+            numel=t.numel,
+            changed=t.changed,
+            stored_bytes=t.nbytes if t.codec is CodecId.STORED else (t.data.length if t.data else 0),
+            tensor_bytes=t.nbytes,
+        )
+        for t in manifest.tensors
+    )
+    return SnapshotReport(manifest, manifest_bytes, summaries)

@@ -1,0 +1,329 @@
+"""The manifest: the one file that makes a snapshot exist, and the truth about it.
+
+``hotload-manifest.json`` is written last into ``<prefix>/<identity>/``; a reader that
+finds it may fetch every file it lists. The model here is the byte-level spec's schema
+(docs/snapshot-format.md, "The manifest") in pydantic: camelCase on the wire, unknown
+fields refused, every path checked by :func:`~hotload.snapshot.paths.safe_relpath`,
+every cross-reference (tensor → shard, tensor data → delta file, ranges inside their
+files) checked at parse time, so the decoder never follows a dangling or hostile name.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Final, Self
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
+
+from hotload.api import IDENTITY_PATTERN, SnapshotKind
+from hotload.errors import ManifestInvalid, SizeLimitExceeded, UnsafePath
+from hotload.snapshot.dtypes import DTYPES
+from hotload.snapshot.limits import (
+    MAX_DIMS,
+    MAX_FILES,
+    MAX_MANIFEST_BYTES,
+    MAX_NAME_BYTES,
+    MAX_TENSOR_BYTES,
+    MAX_TENSORS,
+)
+from hotload.snapshot.paths import safe_relpath
+
+MANIFEST_NAME: Final = "hotload-manifest.json"
+"""Written last into every snapshot prefix: no manifest, no snapshot."""
+
+FORMAT: Final = "hotload-delta/v1"
+"""The format and its version; also the CRD's ``incremental.compressionFormat``."""
+
+TENSOR_HASH: Final = "xxh3-128"
+"""The only rebuilt-tensor hash of v1."""
+
+
+class FileHash(StrEnum):
+    """Hash of stored files. We always write sha256; adler32 is accepted on input."""
+
+    SHA256 = "sha256"
+    ADLER32 = "adler32"
+
+
+class CodecId(StrEnum):
+    """How one tensor's bytes are stored (docs/snapshot-format.md, "Codecs")."""
+
+    STORED = "stored"
+    """Full and LoRA: the tensor sits as-is in its safetensors file."""
+    UNCHANGED = "unchanged"
+    """Bit-identical to the previous tensor of the same name: nothing stored."""
+    RAW = "raw"
+    """New tensor (or new shape/dtype): byte planes of its bits, zstd per chunk."""
+    DENSE_XOR = "dense-xor"
+    """Bitwise XOR with the previous bits, byte planes, zstd per chunk."""
+    DENSE_SUB = "dense-sub"
+    """Zigzag of the wrapping difference with the previous bits, byte planes, zstd."""
+    SPARSE = "sparse"
+    """Changed positions (gaps) and zigzag differences, byte planes, zstd per chunk."""
+
+
+_HEX = {
+    FileHash.SHA256: r"^[0-9a-f]{64}$",
+    FileHash.ADLER32: r"^[0-9a-f]{8}$",
+}
+_XXH3_HEX = r"^[0-9a-f]{32}$"
+_UNSAFE_PATH = "unsafe_path"
+
+
+def _checked_path(value: str) -> str:
+    try:
+        return safe_relpath(value)
+    except UnsafePath as err:
+        raise PydanticCustomError(_UNSAFE_PATH, str(err)) from err
+
+
+SafePath = Annotated[str, AfterValidator(_checked_path)]
+Identity = Annotated[str, Field(min_length=1, max_length=253, pattern=IDENTITY_PATTERN)]
+Size = Annotated[int, Field(ge=0, le=MAX_TENSOR_BYTES * 64)]
+Xxh3Hex = Annotated[str, Field(pattern=_XXH3_HEX)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        use_attribute_docstrings=True,
+    )
+
+
+class StoredFile(_Model):
+    """A file stored under the snapshot's prefix (or, when referenced, under the previous)."""
+
+    path: SafePath
+    size: Size
+    hash: Annotated[str, Field(pattern=r"^[0-9a-f]{8}([0-9a-f]{56})?$")]
+    """Hex digest in the manifest's ``fileHash`` family."""
+
+
+class ByteRange(_Model):
+    """Bytes ``[offset, offset + length)`` of one of this snapshot's delta files."""
+
+    file: SafePath
+    offset: Size
+    length: Size
+
+
+class ShardEntry(_Model):
+    """One safetensors file of the rebuilt snapshot."""
+
+    path: SafePath
+    size: Size
+    """Size of the whole rebuilt file."""
+    header_length: Annotated[int, Field(ge=2, le=100 * 1024 * 1024)]
+    """Bytes of its JSON header (after the 8-byte length prefix)."""
+    header_hash: Xxh3Hex
+    """xxh3-128 of those header bytes."""
+    header: ByteRange | None = None
+    """Incremental: where the zstd-compressed header is stored; absent when it is
+    byte-identical to the previous snapshot's file of the same path. Full/LoRA: absent
+    (the file itself is stored)."""
+
+
+class TensorEntry(_Model):
+    """One tensor of the rebuilt snapshot."""
+
+    name: Annotated[str, Field(min_length=1, max_length=MAX_NAME_BYTES)]
+    dtype: str
+    shape: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=MAX_DIMS)]
+    file: SafePath
+    """The shard (a ``shards`` path) it lives in."""
+    codec: CodecId
+    hash: Xxh3Hex
+    """xxh3-128 of the rebuilt tensor's bytes."""
+    data: ByteRange | None = None
+    """Where its encoded payload is stored (absent for ``stored`` and ``unchanged``)."""
+    changed: Annotated[int, Field(ge=0)] | None = None
+    """Elements whose bits differ from the previous tensor (delta codecs)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}")
+        numel = 1
+        for dim in self.shape:
+            numel *= dim
+        if numel * DTYPES[self.dtype].width > MAX_TENSOR_BYTES:
+            raise ValueError(f"tensor {self.name!r} is over the size limit")
+        if self.changed is not None and self.changed > numel:
+            raise ValueError(f"tensor {self.name!r} declares more changes than elements")
+        wants_data = self.codec not in (CodecId.STORED, CodecId.UNCHANGED)
+        if wants_data != (self.data is not None):
+            raise ValueError(f"tensor {self.name!r}: codec {self.codec} and data disagree")
+        return self
+
+    @property
+    def numel(self) -> int:
+        numel = 1
+        for dim in self.shape:
+            numel *= dim
+        return numel
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPES[self.dtype].width
+
+
+class Manifest(_Model):
+    """Everything a reader needs to fetch, verify and rebuild one snapshot."""
+
+    format: str = FORMAT
+    """``hotload-delta/v1``; any other value is refused."""
+    identity: Identity
+    step: Annotated[int, Field(ge=0)]
+    kind: SnapshotKind
+    previous: Identity | None = None
+    """Incremental only: the identity this delta applies to."""
+    previous_digest: Xxh3Hex | None = None
+    """Incremental only: digest of the previous snapshot's tensors (names and hashes)."""
+    file_hash: FileHash = FileHash.SHA256
+    tensor_hash: str = TENSOR_HASH
+    ignored_config_fields: Annotated[list[str], Field(max_length=256)] = Field(
+        default_factory=list
+    )
+    """config.json keys that may differ from the previous snapshot's."""
+    files: list[StoredFile] = Field(default_factory=list)
+    """Files of the rebuilt snapshot stored here as they are (a Full: all of them)."""
+    deltas: list[StoredFile] = Field(default_factory=list)
+    """Incremental only: the encoded tensor data, read by the decoder."""
+    referenced: list[StoredFile] = Field(default_factory=list)
+    """Incremental only: files unchanged since the previous snapshot, not copied."""
+    shards: list[ShardEntry] = Field(default_factory=list)
+    tensors: Annotated[list[TensorEntry], Field(max_length=MAX_TENSORS)] = Field(
+        default_factory=list
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.format != FORMAT:
+            raise ValueError(f"format {self.format!r} is not {FORMAT!r}")
+        if self.tensor_hash != TENSOR_HASH:
+            raise ValueError(f"tensorHash {self.tensor_hash!r} is not {TENSOR_HASH!r}")
+        incremental = self.kind is SnapshotKind.INCREMENTAL
+        if incremental != (self.previous is not None):
+            raise ValueError("previous is required for (and only for) Incremental snapshots")
+        if incremental != (self.previous_digest is not None):
+            raise ValueError("previousDigest is required for (and only for) Incremental")
+        if not incremental and (self.deltas or self.referenced):
+            raise ValueError(f"a {self.kind.value} snapshot is complete: no deltas, no references")
+        if len(self.files) + len(self.deltas) + len(self.referenced) > MAX_FILES:
+            raise ValueError("too many files")
+        pattern = _HEX[self.file_hash]
+        for entry in (*self.files, *self.deltas, *self.referenced):
+            if not re.match(pattern, entry.hash):
+                raise ValueError(f"{entry.path}: hash is not a {self.file_hash.value} digest")
+        outputs = [f.path for f in self.files]
+        outputs += [f.path for f in self.referenced]
+        shard_paths = [s.path for s in self.shards]
+        if incremental:
+            outputs += shard_paths
+        elif not set(shard_paths) <= {f.path for f in self.files}:
+            raise ValueError("a Full snapshot stores every shard it lists")
+        names = [*outputs, *(d.path for d in self.deltas), MANIFEST_NAME]
+        if len(set(names)) != len(names):
+            raise ValueError("a file name appears twice (or shadows the manifest)")
+        lowered = {name.lower() for name in names}
+        if len(lowered) != len(names):
+            raise ValueError("two file names differ only by case")
+        delta_sizes = {d.path: d.size for d in self.deltas}
+        shards = set(shard_paths)
+        seen: set[str] = set()
+        for tensor in self.tensors:
+            if tensor.name in seen:
+                raise ValueError(f"tensor {tensor.name!r} listed twice")
+            seen.add(tensor.name)
+            if tensor.file not in shards:
+                raise ValueError(f"tensor {tensor.name!r} names a shard not in shards")
+            if (tensor.codec is CodecId.STORED) == incremental:
+                raise ValueError(f"tensor {tensor.name!r}: codec {tensor.codec} in a {self.kind}")
+            if tensor.data is not None:
+                _check_range(tensor.data, delta_sizes, tensor.name)
+        for shard in self.shards:
+            if shard.header is not None:
+                if not incremental:
+                    raise ValueError("a Full snapshot's shard headers are in the shards")
+                _check_range(shard.header, delta_sizes, shard.path)
+        return self
+
+    def files_to_fetch(self) -> list[str]:
+        """Relative paths to download from ``<prefix>/<identity>/`` (validated; no manifest)."""
+        return [entry.path for entry in (*self.files, *self.deltas)]
+
+    def stored_bytes(self) -> int:
+        """Bytes of every file this snapshot stores (the manifest excluded)."""
+        return sum(entry.size for entry in (*self.files, *self.deltas))
+
+    def tensor_bytes(self) -> int:
+        """Bytes of tensor data in the rebuilt snapshot."""
+        return sum(tensor.nbytes for tensor in self.tensors)
+
+    def dumps(self) -> bytes:
+        """The manifest as stored: compact camelCase JSON, unset optionals left out."""
+        document = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _check_range(byte_range: ByteRange, sizes: dict[str, int], owner: str) -> None:
+    size = sizes.get(byte_range.file)
+    if size is None:
+        raise ValueError(f"{owner!r} points into {byte_range.file!r}, not a delta file")
+    if byte_range.offset + byte_range.length > size:
+        raise ValueError(f"{owner!r} points past the end of {byte_range.file!r}")
+
+
+def parse_manifest(data: bytes, *, expected_identity: str | None = None) -> Manifest:
+    """Parse and validate a manifest; every problem is :class:`ManifestInvalid`.
+
+    ``expected_identity`` (the prefix it was read from) must match the manifest's own
+    identity: a manifest copied under another name is refused.
+    """
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise SizeLimitExceeded("manifest over its size limit", size=len(data))
+    try:
+        document = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise ManifestInvalid("manifest is not UTF-8 JSON") from err
+    if not isinstance(document, dict):
+        raise ManifestInvalid("manifest is not a JSON object")
+    declared = document.get("format")
+    if declared != FORMAT:
+        raise ManifestInvalid("unsupported snapshot format", expected=FORMAT, found=declared)
+    try:
+        manifest = Manifest.model_validate(document)
+    except ValidationError as err:
+        first = err.errors()[0]
+        error_class = UnsafePath if first.get("type") == _UNSAFE_PATH else ManifestInvalid
+        raise error_class(
+            "manifest does not satisfy the format",
+            field=".".join(str(p) for p in first.get("loc", ())),
+            problem=first.get("msg", ""),
+            identity=document.get("identity"),
+        ) from None
+    if expected_identity is not None and manifest.identity != expected_identity:
+        raise ManifestInvalid(
+            "manifest is for another snapshot",
+            expected=expected_identity,
+            found=manifest.identity,
+        )
+    return manifest
+
+
+def read_manifest(snapshot: Path) -> Manifest:
+    """The manifest of the snapshot directory ``snapshot`` (size-capped, validated)."""
+    path = snapshot / MANIFEST_NAME
+    if not path.is_file():
+        raise ManifestInvalid("snapshot directory has no manifest", path=str(snapshot))
+    if path.stat().st_size > MAX_MANIFEST_BYTES:
+        raise SizeLimitExceeded("manifest over its size limit", path=str(path))
+    return parse_manifest(path.read_bytes())

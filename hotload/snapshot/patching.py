@@ -1,0 +1,153 @@
+"""Apply an incremental snapshot to weights held in memory, in place, all or nothing.
+
+An engine (or a benchmark) that holds the previous weights as arrays need not rebuild
+a directory: :func:`patch_tensors` decodes each tensor's payload straight into its
+array, touching only the changed elements for the sparse codec, then checks every
+tensor's xxh3-128. If anything fails — a corrupt payload, a wrong previous tensor, a
+hash — every change already made is undone before the error propagates, so the caller
+keeps exactly the weights it had.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hotload.api import SnapshotKind
+from hotload.errors import ChainBroken, ChecksumMismatch, DecodeFailed
+from hotload.snapshot.codec import sparse
+from hotload.snapshot.codec.transforms import unzigzag
+from hotload.snapshot.codec.tensor_codec import ChunkJob, plan_decode
+from hotload.snapshot.digest import tensor_hash
+from hotload.snapshot.dtypes import DTYPES
+from hotload.snapshot.manifest import CodecId, Manifest, TensorEntry, read_manifest
+from hotload.snapshot.paths import inside
+from hotload.snapshot.verifier import verify_stored_files
+
+
+@dataclass(frozen=True)
+class _Undo:
+    name: str
+    words: np.ndarray
+    positions: np.ndarray | None
+    values: np.ndarray | None
+    replaced: np.ndarray | None
+    """For a raw tensor: the array that was in the mapping before (or None if new)."""
+
+
+def words_of(array: np.ndarray, entry: TensorEntry) -> np.ndarray:
+    """A flat view of ``array``'s bits as the entry's words; DecodeFailed if it cannot be."""
+    dtype = DTYPES[entry.dtype]
+    if not array.flags.c_contiguous or array.nbytes != entry.nbytes:
+        raise DecodeFailed(
+            "held tensor does not match the delta's dtype and shape",
+            tensor=entry.name,
+            expected=entry.nbytes,
+            found=array.nbytes,
+        )
+    return array.reshape(-1).view(np.uint8).view(dtype.word)
+
+
+def patch_tensors(
+    tensors: MutableMapping[str, np.ndarray],
+    snapshot: Path,
+    *,
+    held_identity: str | None = None,
+    manifest: Manifest | None = None,
+) -> Manifest:
+    """Patch ``tensors`` (name → C-contiguous array of the previous weights) in place.
+
+    New tensors (codec ``raw``) are inserted as flat word arrays; tensors the snapshot
+    no longer has are removed. ``held_identity``, when given, must be the delta's
+    previous snapshot (:class:`ChainBroken` otherwise).
+    """
+    manifest = manifest or read_manifest(snapshot)
+    if manifest.kind is not SnapshotKind.INCREMENTAL:
+        raise DecodeFailed("only an incremental snapshot patches weights in place", kind=manifest.kind.value)
+    if held_identity is not None and held_identity != manifest.previous:
+        raise ChainBroken(
+            "the held weights are not this delta's previous snapshot",
+            identity=manifest.identity,
+            expected=manifest.previous,
+            found=held_identity,
+        )
+    verify_stored_files(snapshot, manifest)
+    undo: list[_Undo] = []
+    removed = {name: tensors[name] for name in set(tensors) - {t.name for t in manifest.tensors}}
+    try:
+        for entry in manifest.tensors:
+            undo.extend(_patch_one(tensors, snapshot, entry))
+            words = words_of(tensors[entry.name], entry) if entry.name in tensors else None
+            if words is None:
+                raise ChainBroken("a delta needs a tensor the held weights lack", tensor=entry.name)
+            found = tensor_hash(words)
+            if found != entry.hash:
+                raise ChecksumMismatch(
+                    "patched tensor hash differs from the manifest",
+                    snapshot=manifest.identity,
+                    tensor=entry.name,
+                    expected=entry.hash,
+                    found=found,
+                )
+    except BaseException:
+        for record in reversed(undo):
+            _revert(tensors, record)
+        raise
+    for name in removed:
+        del tensors[name]
+    return manifest
+
+
+def _patch_one(tensors: MutableMapping[str, np.ndarray], snapshot: Path, entry: TensorEntry) -> list[_Undo]:
+    if entry.codec is CodecId.UNCHANGED:
+        return []
+    if entry.data is None:
+        raise DecodeFailed("codec has no payload", tensor=entry.name, codec=str(entry.codec))
+    with inside(snapshot, entry.data.file).open("rb") as handle:
+        handle.seek(entry.data.offset)
+        payload = handle.read(entry.data.length)
+    if len(payload) != entry.data.length:
+        raise DecodeFailed("delta file shorter than the manifest says", file=entry.data.file)
+    dtype = DTYPES[entry.dtype]
+    jobs = plan_decode(entry.codec, memoryview(payload), entry.numel, dtype.width, tensor=entry.name, changed=entry.changed)
+    if entry.codec is CodecId.RAW:
+        fresh = np.empty(entry.numel, dtype=dtype.word)
+        for job in jobs:
+            job.run(fresh[job.start : job.start + job.length])
+        before = tensors.get(entry.name)
+        tensors[entry.name] = fresh
+        return [_Undo(entry.name, fresh, None, None, before)]
+    if entry.name not in tensors:
+        raise ChainBroken("a delta needs a tensor the held weights lack", tensor=entry.name)
+    words = words_of(tensors[entry.name], entry)
+    return [_apply(entry.name, job, words) for job in jobs]
+
+
+def _apply(name: str, job: ChunkJob, words: np.ndarray) -> _Undo:
+    out = words[job.start : job.start + job.length]
+    chunk = job.chunk
+    if isinstance(chunk, sparse.SparseChunk):
+        if not chunk.changes:
+            return _Undo(name, out, np.zeros(0, np.int64), out[:0].copy(), None)
+        positions, values = sparse.decode_changes(chunk, tensor=name)
+        record = _Undo(name, out, positions, out[positions], None)
+        out[positions] += unzigzag(values)
+        return record
+    record = _Undo(name, out, None, out.copy(), None)
+    job.run(out)
+    return record
+
+
+def _revert(tensors: MutableMapping[str, np.ndarray], record: _Undo) -> None:
+    if record.values is None:
+        if record.replaced is None:
+            tensors.pop(record.name, None)
+        else:
+            tensors[record.name] = record.replaced
+    elif record.positions is None:
+        record.words[...] = record.values
+    else:
+        record.words[record.positions] = record.values
