@@ -1,0 +1,113 @@
+"""``hotload engine reference|noop``: the engine container's command.
+
+``reference`` serves a small transformers causal LM (see docs/engines.md) on
+``$POD_IP:<port>`` (all interfaces only when ``POD_IP`` is unset: nothing in a pod binds
+127.0.0.1). ``noop`` is the placeholder process of a ``noop`` engine container: it serves
+nothing and waits for SIGTERM. Only this shell reads the environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from hotload.api.pod import REFERENCE_ENGINE_PORT
+from hotload.cli import app
+
+engine_app = typer.Typer(
+    help="Run an inference engine (the engine container's command).", no_args_is_help=True
+)
+app.add_typer(engine_app, name="engine")
+
+
+@engine_app.command("reference")
+def reference(
+    port: int = typer.Option(
+        REFERENCE_ENGINE_PORT, "--port", min=1, max=65535, help="Port to listen on."
+    ),
+    host: str = typer.Option(
+        "",
+        "--host",
+        envvar="POD_IP",
+        help="Address to bind (default: $POD_IP; all interfaces when unset).",
+    ),
+    model_config: str = typer.Option(
+        "tiny",
+        "--model-config",
+        help="A size (tiny, small, 0.5b) or a config.json file or directory.",
+    ),
+    weights: Path | None = typer.Option(
+        None,
+        "--weights",
+        help="Serve this full snapshot directory from the start (else the seeded init).",
+    ),
+    identity: str = typer.Option(
+        "",
+        "--identity",
+        help="Identity of --weights (default: the directory's name; 'init' without --weights).",
+    ),
+    served_name: str = typer.Option("reference", "--served-name", help="Model name in responses."),
+    dtype: str = typer.Option(
+        "float32", "--dtype", help="Compute dtype: float32 (default) or bfloat16."
+    ),
+    storage_dtype: str = typer.Option(
+        "bfloat16", "--storage-dtype", help="Dtype snapshots hold when --model-config is a size."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the initial weights."),
+    threads: int = typer.Option(
+        0, "--threads", min=0, help="Torch CPU threads (0: torch's default)."
+    ),
+    cache_capacity: int = typer.Option(
+        64, "--cache-capacity", min=1, help="Prompt-cache entries kept."
+    ),
+) -> None:
+    """Serve the reference engine (OpenAI-compatible, hot-swappable weights)."""
+    import asyncio
+
+    import torch
+    import uvicorn
+
+    from hotload.engines import reference_model as rm
+    from hotload.engines.reference_app import create_app
+    from hotload.engines.reference_runtime import INITIAL_IDENTITY, ReferenceRuntime
+
+    if threads:
+        torch.set_num_threads(threads)
+    config = rm.build_config(model_config, dtype=storage_dtype)
+    runtime = ReferenceRuntime(
+        config, compute_dtype=rm.dtype_named(dtype), seed=seed, cache_capacity=cache_capacity
+    )
+    if weights is not None:
+        runtime.load_initial(weights, identity or weights.name)
+    elif identity and identity != INITIAL_IDENTITY:
+        raise typer.BadParameter("--identity names --weights; without them the identity is 'init'")
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(runtime, served_name=served_name),
+            host=host or "0.0.0.0",
+            port=port,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+        )
+    )
+    asyncio.run(server.serve())
+
+
+@engine_app.command("noop")
+def noop() -> None:
+    """Serve nothing until SIGTERM (the container of a ``noop`` engine)."""
+    import asyncio
+    import logging
+    import signal
+
+    async def wait_for_signal() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        logging.getLogger(__name__).info("noop engine: serving nothing until SIGTERM")
+        await stop.wait()
+
+    asyncio.run(wait_for_signal())

@@ -1,0 +1,340 @@
+"""The reference engine's core: the served model, hot swaps, pausing, token generation.
+
+One model serves at a time; every forward step and every swap holds ``model_lock``, so a
+swap lands exactly between two tokens and no step ever sees half-copied weights. Each
+generated token is labelled with the identity of the weights that produced it.
+
+Swaps: weights are read and validated in a thread *before* the lock is taken (a refusal
+changes nothing: the old weights keep serving); then, under the lock, they are copied
+into the served parameters (Full/Incremental) or the served model is replaced by the
+base merged with the adapter (LoRA, through PEFT; the base stays aside for the next
+adapter). Only one load runs at a time (a second one is ``EngineBusy``).
+
+Pausing (``PauseMode``): ``in_place`` stops in-flight generations before their next
+token and holds new ones; ``wait`` holds new ones and returns once in-flight ones ended.
+``resume`` releases both. Forward passes run in threads so the event loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import DynamicCache, Qwen2Config
+
+from hotload.api import KvCachePolicy, SnapshotKind
+from hotload.engines import reference_model as rm
+from hotload.engines import reference_tokenizer as tok
+from hotload.engines.protocol import PauseMode
+from hotload.engines.reference_cache import DEFAULT_CAPACITY, PromptCache
+from hotload.engines.reference_weights import read_full_snapshot, read_lora_adapter
+from hotload.errors import EngineBusy, EngineRejected
+
+log = logging.getLogger(__name__)
+
+INITIAL_IDENTITY = "init"
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt: tuple[int, ...]
+    max_tokens: int
+    temperature: float | None = None
+    """None or 0: greedy."""
+    top_p: float | None = None
+    seed: int | None = None
+    session: str | None = None
+
+
+@dataclass(frozen=True)
+class GeneratedToken:
+    token_id: int
+    text: str
+    identity: str
+    finish_reason: str | None
+    """``stop`` (EOS), ``length`` (max_tokens or context), or None while going on."""
+
+
+@dataclass
+class GenerationStats:
+    """Filled while a generation runs; read for ``usage``."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    identities: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    identity: str
+    kind: SnapshotKind
+    read_seconds: float
+    swap_seconds: float
+
+
+@dataclass
+class _Prepared:
+    kind: SnapshotKind
+    tensors: dict[str, torch.Tensor] | None = None
+    merged: torch.nn.Module | None = None
+
+
+class ReferenceRuntime:
+    """Holds the model and serves tokens; the FastAPI app is a thin shell over this."""
+
+    def __init__(
+        self,
+        config: Qwen2Config,
+        *,
+        compute_dtype: torch.dtype = torch.float32,
+        seed: int = rm.DEFAULT_SEED,
+        cache_capacity: int = DEFAULT_CAPACITY,
+    ) -> None:
+        self.config = config
+        self.compute_dtype = compute_dtype
+        self.storage_dtype = rm.storage_dtype(config)
+        self._base: torch.nn.Module = rm.build_model(config, seed=seed, compute_dtype=compute_dtype)
+        self._serving: torch.nn.Module = self._base
+        self._specs = rm.parameter_specs(self._base, self.storage_dtype)
+        self._aliases = rm.tied_aliases(self._base)
+        self.identity = INITIAL_IDENTITY
+        self.kind = SnapshotKind.FULL
+        self.cache = PromptCache(cache_capacity)
+        self.model_lock = asyncio.Lock()
+        self._admit = asyncio.Event()
+        self._flow = asyncio.Event()
+        self._admit.set()
+        self._flow.set()
+        self._active = 0
+        self._idle = asyncio.Condition()
+        self._loading = False
+        self.swaps = 0
+
+    # --- state -----------------------------------------------------------------------
+
+    @property
+    def paused(self) -> bool:
+        return not self._admit.is_set()
+
+    @property
+    def active_generations(self) -> int:
+        return self._active
+
+    @property
+    def max_context(self) -> int:
+        return int(self.config.max_position_embeddings)
+
+    # --- swaps -----------------------------------------------------------------------
+
+    def _prepare(self, path: Path, kind: SnapshotKind) -> _Prepared:
+        if kind is SnapshotKind.LORA:
+            return _Prepared(kind, merged=self._merge_lora(path))
+        tensors = read_full_snapshot(
+            path, expected=self._specs, aliases=self._aliases, architecture=self.config
+        )
+        return _Prepared(kind, tensors=tensors)
+
+    def _merge_lora(self, path: Path) -> torch.nn.Module:
+        from peft import get_peft_model, set_peft_model_state_dict
+
+        peft_config, adapter = read_lora_adapter(path)
+        candidate = copy.deepcopy(self._base)
+        try:
+            peft_model = get_peft_model(candidate, peft_config)
+            result = set_peft_model_state_dict(peft_model, adapter)
+        except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise EngineRejected(
+                f"the LoRA adapter does not fit the model: {err}", path=str(path)
+            ) from err
+        unexpected = list(getattr(result, "unexpected_keys", []) or [])
+        missing = [key for key in getattr(result, "missing_keys", []) or [] if "lora_" in key]
+        if unexpected or missing:
+            raise EngineRejected(
+                "the LoRA adapter's tensors do not match its config",
+                path=str(path),
+                unexpected=sorted(unexpected)[:5],
+                missing=sorted(missing)[:5],
+            )
+        merged: torch.nn.Module = peft_model.merge_and_unload()
+        merged.eval()
+        merged.requires_grad_(False)
+        return merged
+
+    def _apply(self, prepared: _Prepared) -> None:
+        if prepared.merged is not None:
+            self._serving = prepared.merged
+            return
+        tensors = prepared.tensors or {}
+        with torch.no_grad():
+            for name, param in rm.parameters(self._base).items():
+                param.copy_(tensors[name])
+        self._serving = self._base
+
+    async def load(self, path: Path, identity: str, kind: SnapshotKind) -> LoadReport:
+        """Validate, then swap between two tokens; ``EngineRejected`` leaves the old weights."""
+        if self._loading:
+            raise EngineBusy("another load is running", identity=identity)
+        self._loading = True
+        try:
+            started = time.perf_counter()
+            prepared = await asyncio.to_thread(self._prepare, path, kind)
+            read_done = time.perf_counter()
+            async with self.model_lock:
+                await asyncio.to_thread(self._apply, prepared)
+                previous, self.identity, self.kind = self.identity, identity, kind
+                self.swaps += 1
+            report = LoadReport(
+                identity, kind, read_done - started, time.perf_counter() - read_done
+            )
+            log.info(
+                "weights swapped",
+                extra={
+                    "identity": identity,
+                    "previous": previous,
+                    "kind": kind.value,
+                    "path": str(path),
+                    "read_s": round(report.read_seconds, 4),
+                    "swap_s": round(report.swap_seconds, 4),
+                },
+            )
+            return report
+        finally:
+            self._loading = False
+
+    # --- pausing ---------------------------------------------------------------------
+
+    async def pause(self, mode: PauseMode) -> None:
+        self._admit.clear()
+        if mode is PauseMode.IN_PLACE:
+            self._flow.clear()
+            async with self.model_lock:
+                pass  # a step that was running has finished: everyone is between tokens
+            return
+        async with self._idle:
+            await self._idle.wait_for(lambda: self._active == 0)
+
+    async def resume(self) -> None:
+        self._flow.set()
+        self._admit.set()
+
+    def reset_cache(self, policy: KvCachePolicy) -> int:
+        dropped = self.cache.apply(policy)
+        log.info("prompt cache policy applied", extra={"policy": policy.value, "dropped": dropped})
+        return dropped
+
+    # --- generation ------------------------------------------------------------------
+
+    def _forward(
+        self, model: torch.nn.Module, ids: Sequence[int], kv: DynamicCache | None
+    ) -> tuple[torch.Tensor, DynamicCache]:
+        with torch.no_grad():
+            output = model(
+                torch.tensor([list(ids)], dtype=torch.long), past_key_values=kv, use_cache=True
+            )
+        cache: DynamicCache = output.past_key_values
+        return output.logits[0, -1].to(torch.float32), cache
+
+    @staticmethod
+    def _choose(
+        logits: torch.Tensor, request: GenerationRequest, generator: torch.Generator | None
+    ) -> int:
+        if not request.temperature:
+            return int(torch.argmax(logits).item())
+        probs = torch.softmax(logits / request.temperature, dim=-1)
+        if request.top_p is not None and 0.0 < request.top_p < 1.0:
+            ordered, indices = torch.sort(probs, descending=True)
+            keep = torch.cumsum(ordered, dim=-1) - ordered < request.top_p
+            probs = torch.zeros_like(probs).scatter(0, indices[keep], ordered[keep])
+        return int(torch.multinomial(probs, 1, generator=generator).item())
+
+    async def _step(
+        self, ids: Sequence[int], kv: DynamicCache | None
+    ) -> tuple[torch.Tensor, DynamicCache, str]:
+        while True:
+            await self._flow.wait()
+            async with self.model_lock:
+                if not self._flow.is_set():
+                    continue  # paused while we waited for the lock: hold before this token
+                logits, cache = await asyncio.to_thread(self._forward, self._serving, ids, kv)
+                return logits, cache, self.identity
+
+    async def generate(
+        self, request: GenerationRequest, stats: GenerationStats
+    ) -> AsyncIterator[GeneratedToken]:
+        """Yield tokens one by one; each names the weights that produced it."""
+        if not request.prompt:
+            raise ValueError("the prompt is empty")
+        await self._admit.wait()
+        self._active += 1
+        try:
+            hit = self.cache.lookup(request.session, request.prompt)
+            stats.prompt_tokens = len(request.prompt)
+            stats.cached_tokens = hit.reused_tokens
+            generator = None
+            if request.temperature:
+                generator = torch.Generator()
+                generator.manual_seed(
+                    request.seed if request.seed is not None else int(time.time_ns() % 2**63)
+                )
+            fed: list[int] = list(request.prompt)
+            logits, kv, identity = await self._step(request.prompt[hit.reused_tokens :], hit.kv)
+            decoder = tok.StreamDecoder()
+            produced = 0
+            while True:
+                token = self._choose(logits, request, generator)
+                produced += 1
+                stats.completion_tokens = produced
+                if not stats.identities or stats.identities[-1] != identity:
+                    stats.identities.append(identity)
+                finish: str | None = None
+                if token == tok.EOS_ID:
+                    finish = "stop"
+                elif produced >= request.max_tokens or len(fed) + 1 >= self.max_context:
+                    finish = "length"
+                text = decoder.feed(token) + (decoder.flush() if finish else "")
+                yield GeneratedToken(token, text, identity, finish)
+                if finish:
+                    break
+                fed.append(token)
+                logits, kv, identity = await self._step([token], kv)
+            self.cache.store(request.session, fed, kv, identity)
+        finally:
+            self._active -= 1
+            async with self._idle:
+                self._idle.notify_all()
+
+    # --- debugging -------------------------------------------------------------------
+
+    async def logits(self, token_ids: Sequence[int]) -> tuple[rm.LogitsDigest, str]:
+        async with self.model_lock:
+            digest = await asyncio.to_thread(rm.logits_digest, self._serving, token_ids)
+            return digest, self.identity
+
+    async def weights_digest(self) -> tuple[str, str]:
+        async with self.model_lock:
+            digest = await asyncio.to_thread(rm.weights_digest, self._serving, self.storage_dtype)
+            return digest, self.identity
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "identity": self.identity,
+            "kind": self.kind.value,
+            "paused": self.paused,
+            "active_generations": self._active,
+            "swaps": self.swaps,
+            "storage_dtype": rm.dtype_name(self.storage_dtype),
+            "compute_dtype": rm.dtype_name(self.compute_dtype),
+        }
+
+    def load_initial(self, path: Path, identity: str) -> None:
+        """Serve ``path`` (a full snapshot) from the start, before the server listens."""
+        self._apply(self._prepare(path, SnapshotKind.FULL))
+        self.identity, self.kind = identity, SnapshotKind.FULL
