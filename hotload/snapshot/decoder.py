@@ -156,7 +156,9 @@ def _check_shard(entry: ShardEntry, header_bytes: bytes, manifest: Manifest) -> 
         )
 
 
-def _check_tensors_match(header: SafetensorsHeader, entries: dict[str, TensorEntry], shard: str) -> None:
+def _check_tensors_match(
+    header: SafetensorsHeader, entries: dict[str, TensorEntry], shard: str
+) -> None:
     declared = {name: (e.dtype, tuple(e.shape)) for name, e in entries.items()}
     found = {t.name: (t.dtype.name, t.shape) for t in header.tensors}
     if declared != found:
@@ -223,7 +225,11 @@ def _rebuild_incremental(
     before = scan(previous)
     for entry in manifest.referenced:
         source = inside(previous, entry.path)
-        if not source.is_file() or source.stat().st_size != entry.size or file_digest(source, manifest.file_hash) != entry.hash:
+        if (
+            not source.is_file()
+            or source.stat().st_size != entry.size
+            or file_digest(source, manifest.file_hash) != entry.hash
+        ):
             raise ChainBroken(
                 "a file the delta references differs in the previous directory",
                 identity=manifest.identity,
@@ -241,7 +247,15 @@ def _rebuild_incremental(
         pool = ThreadPoolExecutor(threads) if threads > 1 else None
         try:
             for shard_entry in manifest.shards:
-                _rebuild_shard(old, snapshot, staging, manifest, shard_entry, entries.get(shard_entry.path, {}), pool)
+                _rebuild_shard(
+                    old,
+                    snapshot,
+                    staging,
+                    manifest,
+                    shard_entry,
+                    entries.get(shard_entry.path, {}),
+                    pool,
+                )
         finally:
             if pool is not None:
                 pool.shutdown(cancel_futures=True)
@@ -257,7 +271,10 @@ def _shard_header(old: TensorIndex, snapshot: Path, entry: ShardEntry, manifest:
                 file=entry.path,
             )
         header_bytes = previous_shard.header.header_bytes
-        if len(header_bytes) != entry.header_length or tensor_hash(header_bytes) != entry.header_hash:
+        if (
+            len(header_bytes) != entry.header_length
+            or tensor_hash(header_bytes) != entry.header_hash
+        ):
             raise ChainBroken(
                 "the previous snapshot's shard header is not the one the delta reuses",
                 identity=manifest.identity,
@@ -265,11 +282,13 @@ def _shard_header(old: TensorIndex, snapshot: Path, entry: ShardEntry, manifest:
             )
         return header_bytes
     frame = _read_range(snapshot, entry.header)
-    header_bytes = decompress_exact(memoryview(frame), entry.header_length, what=f"header of {entry.path}")
-    if header_bytes is None:
+    stored = decompress_exact(
+        memoryview(frame), entry.header_length, what=f"header of {entry.path}"
+    )
+    if stored is None:
         raise DecodeFailed("a stored shard header is empty", file=entry.path)
-    _check_shard(entry, header_bytes, manifest)
-    return header_bytes
+    _check_shard(entry, stored, manifest)
+    return stored
 
 
 Task = Callable[[], None]
@@ -392,11 +411,21 @@ def _tensor_tasks(
         source = shard
         previous = (info.begin, info.end)
     if payload is None:
-        jobs: list[ChunkJob | None] = [None] * ((numel + DEFAULT_CHUNK_ELEMENTS - 1) // DEFAULT_CHUNK_ELEMENTS)
-        spans = [(s, min(DEFAULT_CHUNK_ELEMENTS, numel - s)) for s in range(0, numel, DEFAULT_CHUNK_ELEMENTS)]
+        jobs: list[ChunkJob | None] = [None] * (
+            (numel + DEFAULT_CHUNK_ELEMENTS - 1) // DEFAULT_CHUNK_ELEMENTS
+        )
+        spans = [
+            (s, min(DEFAULT_CHUNK_ELEMENTS, numel - s))
+            for s in range(0, numel, DEFAULT_CHUNK_ELEMENTS)
+        ]
     else:
         planned = plan_decode(
-            tensor.codec, memoryview(payload), numel, dtype.width, tensor=tensor.name, changed=tensor.changed
+            tensor.codec,
+            memoryview(payload),
+            numel,
+            dtype.width,
+            tensor=tensor.name,
+            changed=tensor.changed,
         )
         jobs = list(planned)
         spans = [(job.start, job.length) for job in planned]
@@ -405,9 +434,19 @@ def _tensor_tasks(
     for job, (start, length) in zip(jobs, spans, strict=True):
 
         def task(job: ChunkJob | None = job, start: int = start, length: int = length) -> None:
-            out = np.frombuffer(output, dtype=word, count=length, offset=begin + start * dtype.width)
+            out = np.frombuffer(
+                output, dtype=word, count=length, offset=begin + start * dtype.width
+            )
             if source is not None and previous is not None:
-                np.copyto(out, np.frombuffer(source.buffer, dtype=word, count=length, offset=previous[0] + start * dtype.width))
+                np.copyto(
+                    out,
+                    np.frombuffer(
+                        source.buffer,
+                        dtype=word,
+                        count=length,
+                        offset=previous[0] + start * dtype.width,
+                    ),
+                )
             if job is not None:
                 job.run(out)
 

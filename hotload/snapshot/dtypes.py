@@ -25,7 +25,8 @@ class DType:
     @property
     def word(self) -> np.dtype[np.unsignedinteger]:
         """The unsigned integer type whose values are this dtype's bit patterns."""
-        return np.dtype(_WORDS[self.width])
+        word: np.dtype[np.unsignedinteger] = np.dtype(_WORDS[self.width])
+        return word
 
 
 _WORDS: Final = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}

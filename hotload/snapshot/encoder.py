@@ -91,7 +91,9 @@ def encode(
     if model.is_lora or previous is None:
         kind = SnapshotKind.LORA if model.is_lora else SnapshotKind.FULL
         if previous is not None:
-            log.info("a LoRA adapter is always complete: previous ignored", extra={"identity": identity})
+            log.info(
+                "a LoRA adapter is always complete: previous ignored", extra={"identity": identity}
+            )
         return _write_complete(model, out, identity=identity, step=step, kind=kind, ignored=ignored)
     if previous_identity is None:
         raise ConfigError("an incremental snapshot needs previous_identity", identity=identity)
@@ -116,13 +118,24 @@ def encode(
             pool.shutdown()
 
 
-def encode_full(current: Path, out: Path, *, identity: str, step: int, ignored_config_fields: Iterable[str] = ()) -> EncodeResult:
+def encode_full(
+    current: Path, out: Path, *, identity: str, step: int, ignored_config_fields: Iterable[str] = ()
+) -> EncodeResult:
     """Write a Full (or, for an adapter directory, LoRA) snapshot of ``current``."""
-    return encode(None, current, out, identity=identity, step=step, ignored_config_fields=ignored_config_fields)
+    return encode(
+        None,
+        current,
+        out,
+        identity=identity,
+        step=step,
+        ignored_config_fields=ignored_config_fields,
+    )
 
 
 def _stored(path: Path, relpath: str) -> StoredFile:
-    return StoredFile(path=relpath, size=path.stat().st_size, hash=file_digest(path, FileHash.SHA256))
+    return StoredFile(
+        path=relpath, size=path.stat().st_size, hash=file_digest(path, FileHash.SHA256)
+    )
 
 
 def _write_complete(
@@ -137,7 +150,9 @@ def _write_complete(
         tensors: list[TensorEntry] = []
         with mapped_shards(staging, model.shards) as index:
             for relpath, shard in index.shards.items():
-                shards.append(_shard_entry(relpath, shard.header.header_bytes, shard.header.file_size, None))
+                shards.append(
+                    _shard_entry(relpath, shard.header.header_bytes, shard.header.file_size, None)
+                )
                 for info in shard.header.tensors:
                     tensors.append(
                         TensorEntry(
@@ -164,11 +179,17 @@ def _write_complete(
         TensorReport(t.name, t.dtype, t.numel, t.codec, None, t.nbytes) for t in manifest.tensors
     )
     return EncodeResult(
-        manifest, out, manifest.tensor_bytes(), manifest.stored_bytes() + len(manifest_bytes), reports
+        manifest,
+        out,
+        manifest.tensor_bytes(),
+        manifest.stored_bytes() + len(manifest_bytes),
+        reports,
     )
 
 
-def _shard_entry(relpath: str, header_bytes: bytes, size: int, stored: ByteRange | None) -> ShardEntry:
+def _shard_entry(
+    relpath: str, header_bytes: bytes, size: int, stored: ByteRange | None
+) -> ShardEntry:
     return ShardEntry(
         path=relpath,
         size=size,
@@ -229,7 +250,10 @@ def _write_incremental(
                     check_config_change(before.path(relpath), source, ignored)
             copy_file(source, staging / relpath)
             files.append(entry)
-        with mapped_shards(before.root, before.shards) as old, mapped_shards(model.root, model.shards) as new:
+        with (
+            mapped_shards(before.root, before.shards) as old,
+            mapped_shards(model.root, model.shards) as new,
+        ):
             previous_digest = old.digest()
             deltas, shards, tensors, reports = _encode_shards(old, new, staging, options, pool)
         manifest = Manifest(
@@ -274,12 +298,18 @@ def _encode_shards(
             stored_header = None
             if previous_shard is None or previous_shard.header.header_bytes != header.header_bytes:
                 stored_header = writer.append(compress_bytes(header.header_bytes, HEADER_LEVEL))
-            shards.append(_shard_entry(relpath, header.header_bytes, header.file_size, stored_header))
+            shards.append(
+                _shard_entry(relpath, header.header_bytes, header.file_size, stored_header)
+            )
             for info in header.tensors:
                 words = shard.words(info)
                 before = old.by_name.get(info.name)
                 previous_words = None
-                if before is not None and before[1].dtype == info.dtype and before[1].shape == info.shape:
+                if (
+                    before is not None
+                    and before[1].dtype == info.dtype
+                    and before[1].shape == info.shape
+                ):
                     previous_words = before[0].words(before[1])
                 encoded = encode_tensor(words, previous_words, options, pool)
                 del previous_words
@@ -297,7 +327,14 @@ def _encode_shards(
                     )
                 )
                 reports.append(
-                    TensorReport(info.name, info.dtype.name, info.numel, encoded.codec, encoded.changed, len(encoded.payload))
+                    TensorReport(
+                        info.name,
+                        info.dtype.name,
+                        info.numel,
+                        encoded.codec,
+                        encoded.changed,
+                        len(encoded.payload),
+                    )
                 )
                 del words
         finally:

@@ -74,7 +74,9 @@ def inspect_snapshot(snapshot: Path) -> SnapshotReport:
             codec=t.codec,
             numel=t.numel,
             changed=t.changed,
-            stored_bytes=t.nbytes if t.codec is CodecId.STORED else (t.data.length if t.data else 0),
+            stored_bytes=t.nbytes
+            if t.codec is CodecId.STORED
+            else (t.data.length if t.data else 0),
             tensor_bytes=t.nbytes,
         )
         for t in manifest.tensors

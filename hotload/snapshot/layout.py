@@ -81,7 +81,9 @@ def read_config(path: Path) -> dict[str, Any]:
 
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> set[str]:
     """Top-level keys added, removed or changed between two configs."""
-    return {key for key in old.keys() | new.keys() if old.get(key, _ABSENT) != new.get(key, _ABSENT)}
+    return {
+        key for key in old.keys() | new.keys() if old.get(key, _ABSENT) != new.get(key, _ABSENT)
+    }
 
 
 def check_config_change(old: Path, new: Path, ignored: tuple[str, ...] | list[str]) -> None:

@@ -189,9 +189,7 @@ class Manifest(_Model):
     """Incremental only: digest of the previous snapshot's tensors (names and hashes)."""
     file_hash: FileHash = FileHash.SHA256
     tensor_hash: str = TENSOR_HASH
-    ignored_config_fields: Annotated[list[str], Field(max_length=256)] = Field(
-        default_factory=list
-    )
+    ignored_config_fields: Annotated[list[str], Field(max_length=256)] = Field(default_factory=list)
     """config.json keys that may differ from the previous snapshot's."""
     files: list[StoredFile] = Field(default_factory=list)
     """Files of the rebuilt snapshot stored here as they are (a Full: all of them)."""

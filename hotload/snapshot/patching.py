@@ -19,8 +19,8 @@ import numpy as np
 from hotload.api import SnapshotKind
 from hotload.errors import ChainBroken, ChecksumMismatch, DecodeFailed
 from hotload.snapshot.codec import sparse
-from hotload.snapshot.codec.transforms import unzigzag
 from hotload.snapshot.codec.tensor_codec import ChunkJob, plan_decode
+from hotload.snapshot.codec.transforms import unzigzag
 from hotload.snapshot.digest import tensor_hash
 from hotload.snapshot.dtypes import DTYPES
 from hotload.snapshot.manifest import CodecId, Manifest, TensorEntry, read_manifest
@@ -66,7 +66,9 @@ def patch_tensors(
     """
     manifest = manifest or read_manifest(snapshot)
     if manifest.kind is not SnapshotKind.INCREMENTAL:
-        raise DecodeFailed("only an incremental snapshot patches weights in place", kind=manifest.kind.value)
+        raise DecodeFailed(
+            "only an incremental snapshot patches weights in place", kind=manifest.kind.value
+        )
     if held_identity is not None and held_identity != manifest.previous:
         raise ChainBroken(
             "the held weights are not this delta's previous snapshot",
@@ -83,7 +85,7 @@ def patch_tensors(
             words = words_of(tensors[entry.name], entry) if entry.name in tensors else None
             if words is None:
                 raise ChainBroken("a delta needs a tensor the held weights lack", tensor=entry.name)
-            found = tensor_hash(words)
+            found = tensor_hash(memoryview(words.data))
             if found != entry.hash:
                 raise ChecksumMismatch(
                     "patched tensor hash differs from the manifest",
@@ -101,7 +103,9 @@ def patch_tensors(
     return manifest
 
 
-def _patch_one(tensors: MutableMapping[str, np.ndarray], snapshot: Path, entry: TensorEntry) -> list[_Undo]:
+def _patch_one(
+    tensors: MutableMapping[str, np.ndarray], snapshot: Path, entry: TensorEntry
+) -> list[_Undo]:
     if entry.codec is CodecId.UNCHANGED:
         return []
     if entry.data is None:
@@ -112,7 +116,14 @@ def _patch_one(tensors: MutableMapping[str, np.ndarray], snapshot: Path, entry: 
     if len(payload) != entry.data.length:
         raise DecodeFailed("delta file shorter than the manifest says", file=entry.data.file)
     dtype = DTYPES[entry.dtype]
-    jobs = plan_decode(entry.codec, memoryview(payload), entry.numel, dtype.width, tensor=entry.name, changed=entry.changed)
+    jobs = plan_decode(
+        entry.codec,
+        memoryview(payload),
+        entry.numel,
+        dtype.width,
+        tensor=entry.name,
+        changed=entry.changed,
+    )
     if entry.codec is CodecId.RAW:
         fresh = np.empty(entry.numel, dtype=dtype.word)
         for job in jobs:

@@ -138,9 +138,7 @@ def next_manifest_needed(
     return None
 
 
-def plan_update_with(
-    held: str | None, target: str, load: Callable[[str], Manifest]
-) -> UpdatePlan:
+def plan_update_with(held: str | None, target: str, load: Callable[[str], Manifest]) -> UpdatePlan:
     """Like :func:`plan_update`, loading each manifest it needs through ``load``.
 
     ``load`` raises what the storage raises (``NotFound`` is transient: replication may

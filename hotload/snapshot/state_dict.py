@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+import numpy as np
+
 from hotload.errors import ConfigError
 from hotload.snapshot.codec.tensor_codec import CodecOptions
 from hotload.snapshot.dtypes import DType, dtype_named
@@ -57,7 +59,8 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     flat = tensor.detach().contiguous().reshape(-1)
     if flat.device.type != "cpu":
         flat = flat.cpu()
-    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+    host: np.ndarray = flat.view(torch.uint8).numpy()
+    return memoryview(host.data).cast("B")
 
 
 def write_state_dict(
@@ -77,7 +80,9 @@ def write_state_dict(
     if len(groups) == 1:
         names = ["model" + SHARD_SUFFIX]
     else:
-        names = [f"model-{i:05d}-of-{len(groups):05d}{SHARD_SUFFIX}" for i in range(1, len(groups) + 1)]
+        names = [
+            f"model-{i:05d}-of-{len(groups):05d}{SHARD_SUFFIX}" for i in range(1, len(groups) + 1)
+        ]
     weight_map: dict[str, str] = {}
     total = 0
     for name, group in zip(names, groups, strict=True):

@@ -29,7 +29,9 @@ class MappedShard:
         """The tensor's bits as a read-only flat array of unsigned words."""
         if tensor.numel == 0:
             return np.zeros(0, dtype=tensor.dtype.word)
-        return np.frombuffer(self.buffer, dtype=tensor.dtype.word, count=tensor.numel, offset=tensor.begin)
+        return np.frombuffer(
+            self.buffer, dtype=tensor.dtype.word, count=tensor.numel, offset=tensor.begin
+        )
 
     def raw(self, tensor: TensorInfo) -> memoryview:
         return memoryview(self.buffer)[tensor.begin : tensor.end]

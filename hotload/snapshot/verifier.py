@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from hotload.api import SnapshotKind
 from hotload.errors import ChecksumMismatch
 from hotload.snapshot.digest import check_file
-from hotload.api import SnapshotKind
 from hotload.snapshot.manifest import Manifest, read_manifest
 from hotload.snapshot.paths import inside
 

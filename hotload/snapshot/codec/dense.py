@@ -37,7 +37,9 @@ def chunk_bounds(numel: int, chunk_elements: int) -> list[tuple[int, int]]:
     return [(s, min(chunk_elements, numel - s)) for s in range(0, numel, chunk_elements)]
 
 
-def encode_chunk(codec: CodecId, new: np.ndarray, old: np.ndarray | None, level: int) -> list[bytes]:
+def encode_chunk(
+    codec: CodecId, new: np.ndarray, old: np.ndarray | None, level: int
+) -> list[bytes]:
     """The frames of one chunk: the transformed words' byte planes, compressed."""
     if codec is CodecId.RAW:
         words = new
@@ -79,9 +81,7 @@ def parse(payload: memoryview, numel: int, width: int, *, tensor: str) -> list[D
     return chunks
 
 
-def decode_chunk(
-    codec: CodecId, chunk: DenseChunk, out: np.ndarray, *, tensor: str
-) -> None:
+def decode_chunk(codec: CodecId, chunk: DenseChunk, out: np.ndarray, *, tensor: str) -> None:
     """Rebuild ``out`` (this chunk's words, holding the previous bits for delta codecs)."""
     data = [
         decompress_exact(frame, chunk.length, what=f"{tensor}@{chunk.start}")

@@ -89,7 +89,9 @@ def parse(payload: memoryview, numel: int, width: int, *, tensor: str) -> list[S
             ]
         heads.append((start, length, changes, gap_count, lengths))
     chunks = [
-        SparseChunk(start, length, changes, gap_count, tuple(reader.take(n, field="frame") for n in lengths))
+        SparseChunk(
+            start, length, changes, gap_count, tuple(reader.take(n, field="frame") for n in lengths)
+        )
         for start, length, changes, gap_count, lengths in heads
     ]
     if reader.remaining():

@@ -59,7 +59,9 @@ class EncodedTensor:
     """Elements whose bits differ from the previous tensor (None for ``raw``)."""
 
 
-def _map(executor: Executor | None, fn: Callable[[tuple[int, int]], T], items: Iterable[tuple[int, int]]) -> list[T]:
+def _map(
+    executor: Executor | None, fn: Callable[[tuple[int, int]], T], items: Iterable[tuple[int, int]]
+) -> list[T]:
     if executor is None:
         return [fn(item) for item in items]
     return list(executor.map(fn, items))
@@ -78,7 +80,9 @@ def encode_tensor(
     def dense_payload(codec: CodecId) -> bytes:
         def one(bound: tuple[int, int]) -> list[bytes]:
             s, n = bound
-            return dense.encode_chunk(codec, new[s : s + n], None if old is None else old[s : s + n], options.level)
+            return dense.encode_chunk(
+                codec, new[s : s + n], None if old is None else old[s : s + n], options.level
+            )
 
         return dense.assemble(size, _map(executor, one, bounds))
 
@@ -156,7 +160,9 @@ def plan_decode(
             )
         return [ChunkJob(codec, c, tensor) for c in sparse_chunks]
     if codec in (CodecId.RAW, CodecId.DENSE_XOR, CodecId.DENSE_SUB):
-        return [ChunkJob(codec, c, tensor) for c in dense.parse(payload, numel, width, tensor=tensor)]
+        return [
+            ChunkJob(codec, c, tensor) for c in dense.parse(payload, numel, width, tensor=tensor)
+        ]
     raise DecodeFailed("codec has no payload", tensor=tensor, codec=str(codec))
 
 
@@ -176,7 +182,9 @@ def decode_tensor(
     """Rebuild ``out`` in place in one thread (previous bits in it for delta codecs)."""
     if codec is CodecId.UNCHANGED:
         return
-    for job in plan_decode(codec, memoryview(payload), len(out), out.dtype.itemsize, tensor=tensor, changed=changed):
+    for job in plan_decode(
+        codec, memoryview(payload), len(out), out.dtype.itemsize, tensor=tensor, changed=changed
+    ):
         job.run(out[job.start : job.start + job.length])
 
 

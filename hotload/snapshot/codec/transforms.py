@@ -18,7 +18,8 @@ def zigzag_diff(new: np.ndarray, old: np.ndarray) -> np.ndarray:
     diff = np.subtract(new, old, dtype=new.dtype)
     signed = diff.view(_SIGNED[new.dtype.itemsize])
     bits = new.dtype.itemsize * 8
-    return ((signed << 1) ^ (signed >> (bits - 1))).view(new.dtype)
+    zig: np.ndarray = ((signed << 1) ^ (signed >> (bits - 1))).view(new.dtype)
+    return zig
 
 
 def unzigzag(zig: np.ndarray) -> np.ndarray:
