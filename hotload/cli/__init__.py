@@ -38,7 +38,12 @@ def root(
 
 #: Modules that register subcommands on ``app`` (the place for each subcommand).
 #: crds · snapshot · local · sidecar · engine  — later: operator, publish, status, ledger, gc
-SUBCOMMAND_MODULES: Final = ("hotload.cli.crds", "hotload.cli.engine")
+SUBCOMMAND_MODULES: Final = (
+    "hotload.cli.crds",
+    "hotload.cli.local",
+    "hotload.cli.engine",
+    "hotload.cli.snapshot",
+)
 
 for _module in SUBCOMMAND_MODULES:
     importlib.import_module(_module)
