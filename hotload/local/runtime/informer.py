@@ -1,0 +1,51 @@
+"""List, then watch from the list's resourceVersion; list again on 410 or any failure.
+
+The consumer gets the whole set on every (re)list, so it can tell what vanished while
+the watch was down, and each event after it. Bookmarks only move the version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hotload.errors import KubeError, KubeExpired
+from hotload.local.runtime.kube_rest import KubeRest
+
+log = logging.getLogger(__name__)
+
+OnList = Callable[[list[dict[str, Any]]], None]
+OnEvent = Callable[[str, dict[str, Any]], None]
+
+
+async def list_and_watch(
+    rest: KubeRest,
+    path: str,
+    on_list: OnList,
+    on_event: OnEvent,
+    *,
+    params: Sequence[tuple[str, str]] = (),
+    max_delay_s: float = 5.0,
+) -> None:
+    """Run until cancelled."""
+    delay = 0.2
+    while True:
+        try:
+            listing = await rest.request("GET", path, params=list(params))
+            version = str(listing["metadata"]["resourceVersion"])
+            on_list(list(listing.get("items") or []))
+            delay = 0.2
+            while True:
+                async for event in rest.watch(path, resource_version=version, params=params):
+                    obj = event.get("object") or {}
+                    version = str(obj.get("metadata", {}).get("resourceVersion", version))
+                    if event.get("type") != "BOOKMARK":
+                        on_event(str(event.get("type")), obj)
+        except KubeExpired:
+            log.info("watch expired; listing again", extra={"path": path})
+        except KubeError as err:
+            log.warning("list/watch failed; retrying", extra={"path": path, "error": str(err)})
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, max_delay_s)

@@ -1,0 +1,133 @@
+"""The shared-mode host: many pods' agents as asyncio tasks in one process.
+
+``hotload local runtime-host`` runs one per deployment (started by the runtime, never by
+hand). For each ``start`` on stdin it runs the agent factory with that pod's
+environment and a fresh prometheus ``CollectorRegistry``: each agent has its own
+identity, its own pod-bound token (its ``KUBECONFIG``) and its own metrics, as in its
+own pod. ``stop`` cancels the agent's task; when stdin closes (the runtime went away)
+every agent is cancelled and the host exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import sys
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from hotload.errors import ConfigError
+from hotload.local.runtime.shared_protocol import (
+    AgentExited,
+    AgentStarted,
+    Event,
+    StartAgent,
+    StopAgent,
+    decode_command,
+    encode,
+)
+
+log = logging.getLogger(__name__)
+
+AgentFactory = Callable[[Mapping[str, str], CollectorRegistry], Coroutine[Any, Any, None]]
+"""Runs one pod's agent until cancelled: (the pod's container env, its registry)."""
+
+
+def load_factory(path: str) -> AgentFactory:
+    """``module:function`` → the function."""
+    module_name, _, attribute = path.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError("cannot load the agent factory", factory=path) from err
+    if not callable(factory):
+        raise ConfigError("the agent factory is not callable", factory=path)
+    return factory  # type: ignore[no-any-return]
+
+
+class SharedHost:
+    """The agents of one host process, by pod uid."""
+
+    def __init__(self, factory: AgentFactory, emit: Callable[[Event], None]) -> None:
+        self._factory = factory
+        self._emit = emit
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.registries: dict[str, CollectorRegistry] = {}
+
+    def start(self, command: StartAgent) -> None:
+        if command.uid in self._tasks and not self._tasks[command.uid].done():
+            self._emit(AgentStarted(command.uid))
+            return
+        registry = CollectorRegistry(auto_describe=True)
+        self.registries[command.uid] = registry
+        task = asyncio.create_task(self._factory(command.env, registry), name=command.pod)
+        self._tasks[command.uid] = task
+        task.add_done_callback(lambda done: self._ended(command.uid, command.pod, done))
+        self._emit(AgentStarted(command.uid))
+        log.info("agent started", extra={"pod": command.pod, "agents": len(self._tasks)})
+
+    def _ended(self, uid: str, pod: str, task: asyncio.Task[None]) -> None:
+        if self._tasks.get(uid) is task:
+            del self._tasks[uid]
+            self.registries.pop(uid, None)
+        if task.cancelled():
+            self._emit(AgentExited(uid, 0))
+            return
+        error = task.exception()
+        if error is None:
+            self._emit(AgentExited(uid, 0))
+        else:
+            log.error(
+                "agent failed",
+                extra={"pod": pod, "error": f"{type(error).__name__}: {error}"},
+                exc_info=error,
+            )
+            self._emit(AgentExited(uid, 1, f"{type(error).__name__}: {error}"))
+
+    async def stop(self, command: StopAgent) -> None:
+        task = self._tasks.get(command.uid)
+        if task is None:
+            self._emit(AgentExited(command.uid, 0))
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(asyncio.shield(task), timeout=max(command.grace_s, 0.1))
+
+    async def stop_all(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+
+async def serve(factory: AgentFactory) -> None:
+    """Read commands from stdin, write events to stdout, until stdin closes."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=2**22)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    out = sys.stdout.buffer
+
+    def emit(event: Event) -> None:
+        out.write(encode(event))
+        out.flush()
+
+    host = SharedHost(factory, emit)
+    stopping: set[asyncio.Task[None]] = set()
+    try:
+        while line := await reader.readline():
+            command = decode_command(line)
+            if isinstance(command, StartAgent):
+                host.start(command)
+            else:
+                task = loop.create_task(host.stop(command))
+                stopping.add(task)
+                task.add_done_callback(stopping.discard)
+    finally:
+        await host.stop_all()
