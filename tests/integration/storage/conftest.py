@@ -27,7 +27,7 @@ def open_backend(kind: str, tmp_path: Path, minio: MinioServer | None) -> Storag
     )
 
 
-@pytest.fixture(params=["file", "s3"])
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
 async def storage(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Storage]:
     """A fresh, empty bucket on each backend."""
     minio = request.getfixturevalue("minio") if request.param == "s3" else None

@@ -121,7 +121,12 @@ async def test_parallel_ranged_download_is_byte_exact(storage: Storage, tmp_path
     )
 
     assert dest.read_bytes() == data
-    assert (result.size, result.fetched_bytes, result.resumed_bytes, result.parts) == (len(data), len(data), 0, 16)
+    assert (result.size, result.fetched_bytes, result.resumed_bytes, result.parts) == (
+        len(data),
+        len(data),
+        0,
+        16,
+    )
     assert seen[0] == (0, len(data))
     assert seen[-1] == (len(data), len(data))
     assert [done for done, _ in seen] == sorted(done for done, _ in seen)
@@ -150,12 +155,18 @@ async def test_interrupted_download_resumes_without_refetching_finished_parts(
 
     with pytest.raises(Interrupted):
         await storage.download(
-            "step-4/model.safetensors", dest, part_size=32 * KIB, concurrency=1, progress=crash_after_some_parts
+            "step-4/model.safetensors",
+            dest,
+            part_size=32 * KIB,
+            concurrency=1,
+            progress=crash_after_some_parts,
         )
     assert not dest.exists()  # nothing unfinished is ever under the final name
     assert part_path(dest).exists() and state_path(dest).exists()
 
-    result = await storage.download("step-4/model.safetensors", dest, part_size=32 * KIB, concurrency=3)
+    result = await storage.download(
+        "step-4/model.safetensors", dest, part_size=32 * KIB, concurrency=3
+    )
 
     assert dest.read_bytes() == data
     assert result.resumed_bytes == parts_before_crash * 32 * KIB
@@ -163,7 +174,9 @@ async def test_interrupted_download_resumes_without_refetching_finished_parts(
     assert result.parts == 16 - parts_before_crash
 
 
-async def test_download_starts_over_when_the_object_changed(storage: Storage, tmp_path: Path) -> None:
+async def test_download_starts_over_when_the_object_changed(
+    storage: Storage, tmp_path: Path
+) -> None:
     await storage.put("obj", payload(256 * KIB, seed=4))
     dest = tmp_path / "obj"
 
