@@ -43,6 +43,7 @@ SUBCOMMAND_MODULES: Final = (
     "hotload.cli.local",
     "hotload.cli.engine",
     "hotload.cli.snapshot",
+    "hotload.cli.sidecar",
 )
 
 for _module in SUBCOMMAND_MODULES:
