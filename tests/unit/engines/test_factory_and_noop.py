@@ -1,0 +1,76 @@
+"""Choosing an adapter from the deployment's engine kind; the noop engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from hotload.api import EngineKind, KvCachePolicy, SnapshotKind
+from hotload.engines import (
+    Engine,
+    NoopEngine,
+    PauseMode,
+    ReferenceEngine,
+    SGLangEngine,
+    VLLMEngine,
+    engine_url,
+    make_engine,
+)
+from hotload.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("kind", "cls"),
+    [
+        (EngineKind.REFERENCE, ReferenceEngine),
+        (EngineKind.SGLANG, SGLangEngine),
+        (EngineKind.VLLM, VLLMEngine),
+        (EngineKind.NOOP, NoopEngine),
+    ],
+)
+async def test_make_engine_returns_the_adapter_of_each_kind(kind: EngineKind, cls: type) -> None:
+    engine = make_engine(kind, "http://10.1.0.5:8000")
+    assert isinstance(engine, cls)
+    assert isinstance(engine, Engine)
+    assert engine.kind is kind
+    await engine.aclose()
+
+
+def test_engines_other_than_noop_need_an_address() -> None:
+    with pytest.raises(ConfigError):
+        make_engine(EngineKind.REFERENCE, None)
+    assert make_engine(EngineKind.NOOP, None).base_url is None
+
+
+def test_engine_url_is_the_pod_ip_and_port() -> None:
+    assert engine_url("127.101.1.7", 8000) == "http://127.101.1.7:8000"
+    assert engine_url("fd00::7", 8000) == "http://[fd00::7]:8000"
+    with pytest.raises(ConfigError):
+        engine_url(None, 8000)
+
+
+async def test_a_borrowed_client_is_not_closed_by_the_adapter() -> None:
+    client = httpx.AsyncClient()
+    engine = make_engine(EngineKind.SGLANG, "http://10.1.0.5:30000", client)
+    await engine.aclose()
+    assert not client.is_closed
+    await client.aclose()
+
+
+async def test_noop_accepts_every_swap_at_once_and_serves_nothing() -> None:
+    engine = NoopEngine()
+    await engine.wait_ready(timeout=0)
+    assert await engine.health()
+    assert await engine.served_identity() is None
+    await engine.pause(PauseMode.IN_PLACE)
+    assert engine.paused
+    await engine.load_weights(Path("/nowhere/step-1"), "step-1", kind=SnapshotKind.FULL)
+    await engine.load_weights(Path("/nowhere/lora"), "lora-1", kind=SnapshotKind.LORA)
+    await engine.resume()
+    await engine.reset_cache(KvCachePolicy.ALL)
+    assert not engine.paused
+    assert await engine.served_identity() == "lora-1"
+    assert [identity for _, identity, _ in engine.loads] == ["step-1", "lora-1"]
+    assert engine.identities_of({"hotload_identity": "x"}) == []

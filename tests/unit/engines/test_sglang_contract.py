@@ -1,0 +1,229 @@
+"""SGLang 0.5.23: the exact requests the adapter sends, and its traps (engine-facts.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from hotload.api import KvCachePolicy, SnapshotKind
+from hotload.engines import PauseMode, SGLangEngine
+from hotload.errors import EngineBusy, EngineRejected, EngineUnavailable
+from tests.unit.engines.recorder import Recorder, ok
+
+BASE = "http://10.0.0.1:30000"  # never contacted: the transport is a mock
+
+
+def engine(recorder: Recorder, **kwargs: object) -> SGLangEngine:
+    return SGLangEngine(BASE, recorder.client(), **kwargs)  # type: ignore[arg-type]
+
+
+async def test_full_load_sends_update_weights_from_disk_without_flushing() -> None:
+    recorder = Recorder(
+        {("POST", "/update_weights_from_disk"): ok({"success": True, "message": "ok"})}
+    )
+    await engine(recorder).load_weights(Path("/staging/step-7"), "step-7", kind=SnapshotKind.FULL)
+    assert recorder.calls() == [
+        (
+            "POST",
+            "/update_weights_from_disk",
+            {},
+            {
+                "model_path": "/staging/step-7",
+                "weight_version": "step-7",
+                "flush_cache": False,
+                "abort_all_requests": False,
+            },
+        )
+    ]
+
+
+async def test_success_false_with_the_new_version_served_is_a_load_that_took() -> None:
+    """The trap: the flush after a load was refused, the weights did change."""
+    recorder = Recorder(
+        {
+            ("POST", "/update_weights_from_disk"): httpx.Response(
+                400,
+                json={
+                    "success": False,
+                    "message": "Failed to flush cache",
+                    "num_paused_requests": 2,
+                },
+            ),
+            ("GET", "/model_info"): ok(
+                {"model_path": "/staging/step-8", "weight_version": "step-8"}
+            ),
+        }
+    )
+    await engine(recorder).load_weights(
+        Path("/staging/step-8"), "step-8", kind=SnapshotKind.INCREMENTAL
+    )
+    assert [(method, path) for method, path, _, _ in recorder.calls()] == [
+        ("POST", "/update_weights_from_disk"),
+        ("GET", "/model_info"),
+    ]
+
+
+async def test_success_false_with_the_old_version_served_is_rejected() -> None:
+    recorder = Recorder(
+        {
+            ("POST", "/update_weights_from_disk"): ok(
+                {"success": False, "message": "shape mismatch in q_proj"}
+            ),
+            ("GET", "/model_info"): ok({"weight_version": "step-7"}),
+        }
+    )
+    with pytest.raises(EngineRejected) as raised:
+        await engine(recorder).load_weights(
+            Path("/staging/step-8"), "step-8", kind=SnapshotKind.FULL
+        )
+    assert "shape mismatch in q_proj" in str(raised.value)
+    assert raised.value.context["identity"] == "step-8"
+
+
+async def test_lora_loads_the_adapter_unloads_the_previous_and_names_the_version() -> None:
+    recorder = Recorder(
+        {
+            ("POST", "/load_lora_adapter"): ok({"success": True}),
+            ("POST", "/unload_lora_adapter"): ok({"success": True}),
+            ("POST", "/update_weight_version"): ok({"success": True}),
+        }
+    )
+    sglang = engine(recorder)
+    await sglang.load_weights(Path("/staging/lora-1"), "lora-1", kind=SnapshotKind.LORA)
+    await sglang.load_weights(Path("/staging/lora-2"), "lora-2", kind=SnapshotKind.LORA)
+    assert recorder.calls() == [
+        (
+            "POST",
+            "/load_lora_adapter",
+            {},
+            {"lora_name": "lora-1", "lora_path": "/staging/lora-1", "pinned": False},
+        ),
+        (
+            "POST",
+            "/update_weight_version",
+            {},
+            {"new_version": "lora-1", "abort_all_requests": False},
+        ),
+        (
+            "POST",
+            "/load_lora_adapter",
+            {},
+            {"lora_name": "lora-2", "lora_path": "/staging/lora-2", "pinned": False},
+        ),
+        ("POST", "/unload_lora_adapter", {}, {"lora_name": "lora-1"}),
+        (
+            "POST",
+            "/update_weight_version",
+            {},
+            {"new_version": "lora-2", "abort_all_requests": False},
+        ),
+    ]
+    assert sglang.prepare_request("/v1/chat/completions", {"model": "m"}) == {
+        "model": "m",
+        "lora_path": "lora-2",
+    }
+    assert sglang.prepare_request("/v1/models", {}) == {}
+
+
+async def test_full_load_after_a_lora_drops_the_adapter() -> None:
+    recorder = Recorder(
+        {
+            ("POST", "/load_lora_adapter"): ok({"success": True}),
+            ("POST", "/update_weight_version"): ok({"success": True}),
+            ("POST", "/update_weights_from_disk"): ok({"success": True}),
+            ("POST", "/unload_lora_adapter"): ok({"success": True}),
+        }
+    )
+    sglang = engine(recorder)
+    await sglang.load_weights(Path("/s/lora-1"), "lora-1", kind=SnapshotKind.LORA)
+    await sglang.load_weights(Path("/s/step-9"), "step-9", kind=SnapshotKind.FULL)
+    assert recorder.calls()[-1] == ("POST", "/unload_lora_adapter", {}, {"lora_name": "lora-1"})
+    assert sglang.active_lora is None
+    assert "lora_path" not in sglang.prepare_request("/v1/completions", {"prompt": "x"})
+
+
+async def test_refused_lora_is_rejected() -> None:
+    recorder = Recorder(
+        {
+            ("POST", "/load_lora_adapter"): httpx.Response(
+                400, json={"success": False, "error_message": "no lora"}
+            )
+        }
+    )
+    with pytest.raises(EngineRejected, match="no lora"):
+        await engine(recorder).load_weights(Path("/s/l"), "l", kind=SnapshotKind.LORA)
+
+
+async def test_pause_in_place_and_continue() -> None:
+    recorder = Recorder(
+        {("POST", "/pause_generation"): ok(), ("POST", "/continue_generation"): ok()}
+    )
+    sglang = engine(recorder)
+    await sglang.pause(PauseMode.IN_PLACE)
+    await sglang.pause(PauseMode.WAIT)  # nothing to send: an unpaused update already waits
+    await sglang.resume()
+    assert recorder.calls() == [
+        ("POST", "/pause_generation", {}, {"mode": "in_place"}),
+        ("POST", "/continue_generation", {}, {}),
+    ]
+
+
+async def test_cache_policy_all_flushes_with_a_timeout_and_the_others_keep() -> None:
+    recorder = Recorder({("POST", "/flush_cache"): httpx.Response(200, text="Cache flushed.")})
+    sglang = engine(recorder, flush_timeout=12.5)
+    await sglang.reset_cache(KvCachePolicy.NONE)
+    await sglang.reset_cache(KvCachePolicy.NEW_SESSION)
+    await sglang.reset_cache(KvCachePolicy.ALL)
+    assert recorder.calls() == [("POST", "/flush_cache", {"timeout": ["12.5"]}, None)]
+
+
+async def test_refused_flush_is_engine_busy() -> None:
+    recorder = Recorder(
+        {("POST", "/flush_cache"): httpx.Response(400, text="Cache not flushed: requests running")}
+    )
+    with pytest.raises(EngineBusy):
+        await engine(recorder).reset_cache(KvCachePolicy.ALL)
+
+
+async def test_served_identity_reads_model_info() -> None:
+    recorder = Recorder(
+        {("GET", "/model_info"): ok({"model_path": "/m", "weight_version": "step-3"})}
+    )
+    assert await engine(recorder).served_identity() == "step-3"
+
+
+def test_identities_come_from_meta_info() -> None:
+    sglang = SGLangEngine(BASE)
+    changed = {
+        "meta_info": {
+            "weight_version": "b",
+            "weight_versions": [
+                {"version": "a", "start": 0, "end": 5},
+                {"version": "b", "start": 5, "end": 9},
+            ],
+        }
+    }
+    assert sglang.identities_of(changed) == ["a", "b"]
+    assert sglang.identities_of({"meta_info": {"weight_version": "a"}}) == ["a"]
+    assert sglang.identities_of({"choices": [{"text": "x"}]}) == []
+
+
+async def test_admin_key_is_sent_as_a_bearer_token() -> None:
+    recorder = Recorder({("POST", "/continue_generation"): ok()})
+    await engine(recorder, api_key="admin-key-1").resume()
+    assert recorder.sent[0].headers["authorization"] == "Bearer admin-key-1"
+
+
+async def test_unreachable_engine_is_unavailable_and_unhealthy() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(refuse))
+    sglang = SGLangEngine(BASE, client)
+    assert await sglang.health() is False
+    with pytest.raises(EngineUnavailable):
+        await sglang.load_weights(Path("/s"), "x", kind=SnapshotKind.FULL)
+    with pytest.raises(EngineUnavailable):
+        await sglang.wait_ready(timeout=0.3)
