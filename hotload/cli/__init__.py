@@ -41,6 +41,8 @@ def root(
 SUBCOMMAND_MODULES: Final = (
     "hotload.cli.crds",
     "hotload.cli.local",
+    "hotload.cli.local_runtime",
+    "hotload.cli.local_demo",
     "hotload.cli.engine",
     "hotload.cli.snapshot",
     "hotload.cli.sidecar",

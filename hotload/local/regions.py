@@ -198,6 +198,7 @@ def up(
         planned = _plan(directory, chosen, nodes, gpus_per_node, index_base)
         claims.claim({region.index: region.name for region in planned.regions}, directory)
         try:
+            write_state(directory, StateFile(regions=list(planned.regions)))
             _prepare(planned)
             _start_all(planned, tools)
         except BaseException:
@@ -230,7 +231,6 @@ def _plan(
         )
         for position, name in enumerate(names)
     )
-    write_state(directory, StateFile(regions=list(planned)))
     return LocalRegions(directory, kubeconfig, planned)
 
 

@@ -1,0 +1,148 @@
+"""``hotload local up|down|status``: the local regions (real control planes on loopback).
+
+``local_app`` is the ``local`` group; the pod runtime adds its ``runtime`` command to it
+from its own module (``hotload.cli.local_runtime``).
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from hotload.cli import app
+
+if TYPE_CHECKING:
+    from hotload.local.regions import RegionStatus
+
+local_app = typer.Typer(
+    name="local",
+    help="Local regions: etcd, kube-apiserver, controller-manager, scheduler and kwok per "
+    "region on loopback, with fake GPU nodes.",
+    no_args_is_help=True,
+)
+app.add_typer(local_app, name="local")
+
+STATE_HELP = "State directory (default: $HOTLOAD_STATE or ~/.local/state/hotload)."
+
+
+class OutputFormat(StrEnum):
+    TABLE = "table"
+    JSON = "json"
+    YAML = "yaml"
+
+
+def _names(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
+@local_app.command("up")
+def up_command(
+    regions: int | None = typer.Option(
+        None, "--regions", "-n", min=1, help="How many regions (named region-1 … region-N)."
+    ),
+    names: str | None = typer.Option(
+        None, "--names", help="Comma-separated region names instead of a count."
+    ),
+    nodes: int = typer.Option(2, "--nodes", min=1, help="Fake GPU nodes per region."),
+    gpus_per_node: int = typer.Option(
+        8, "--gpus-per-node", min=0, help="nvidia.com/gpu per fake node."
+    ),
+    index_base: int = typer.Option(
+        1, "--index-base", min=1, max=255, help="Region i owns 127.<base+i-1>.0.0/16."
+    ),
+    state: Path | None = typer.Option(None, "--state-dir", help=STATE_HELP),
+    build: bool = typer.Option(
+        False, "--build", help="Run hack/build-tools first when binaries are missing."
+    ),
+) -> None:
+    """Start the local regions (or report that they are already up) and print how to reach them."""
+    from hotload.errors import ConfigError
+    from hotload.local import regions as local_regions
+
+    chosen = _names(names)
+    if chosen is not None and regions is not None:
+        raise ConfigError("give --regions or --names, not both")
+    result = local_regions.up(
+        chosen,
+        regions=regions if chosen is None else None,
+        state_dir=state,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        index_base=index_base,
+        build=build,
+    )
+    for region in result.regions:
+        typer.echo(
+            f"{region.name}: {region.apiserver_url}  pods 127.{region.index}.0.0/16  "
+            f"{region.nodes} nodes x {region.gpus_per_node} GPUs"
+        )
+    typer.echo(f"export KUBECONFIG={result.kubeconfig}")
+
+
+@local_app.command("down")
+def down_command(
+    state: Path | None = typer.Option(None, "--state-dir", help=STATE_HELP),
+) -> None:
+    """Stop every process of the local regions and remove their state (logs stay)."""
+    from hotload.local import regions as local_regions
+
+    local_regions.down(state)
+    typer.echo("local regions are down")
+
+
+@local_app.command("status")
+def status_command(
+    state: Path | None = typer.Option(None, "--state-dir", help=STATE_HELP),
+    output: OutputFormat = typer.Option(OutputFormat.TABLE, "--output", "-o"),
+) -> None:
+    """Each region: apiserver URL, processes alive, nodes Ready, Service ports.
+
+    Exits 1 when no region is up or any region is unhealthy.
+    """
+    from hotload.local import regions as local_regions
+
+    statuses = local_regions.status(state)
+    data = [s.model_dump(mode="json") for s in statuses]
+    if output is OutputFormat.JSON:
+        typer.echo(json.dumps(data, indent=2))
+    elif output is OutputFormat.YAML:
+        import yaml
+
+        typer.echo(yaml.safe_dump(data, sort_keys=False), nl=False)
+    elif not statuses:
+        typer.echo("no local regions are up")
+    else:
+        _print_table(statuses)
+    if not statuses or not all(s.healthy for s in statuses):
+        raise typer.Exit(1)
+
+
+def _print_table(statuses: list[RegionStatus]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for column in ("REGION", "INDEX", "APISERVER", "PROCESSES", "NODES", "SERVICES"):
+        table.add_column(column)
+    for status in statuses:
+        alive = sum(status.processes.values())
+        down = [name for name, up in status.processes.items() if not up]
+        processes = f"{alive}/{len(status.processes)}" + (
+            f" (down: {', '.join(down)})" if down else ""
+        )
+        nodes = (
+            "?"
+            if status.nodes_total is None
+            else f"{status.nodes_ready}/{status.nodes_total} Ready"
+        )
+        services = ", ".join(f"{name}={port}" for name, port in status.services.items()) or "-"
+        table.add_row(
+            status.name, str(status.index), status.apiserver_url, processes, nodes, services
+        )
+    Console(width=200).print(table)

@@ -1,0 +1,3 @@
+"""Test-suite-wide pytest configuration: shared fixtures are plugins under tests/fixtures."""
+
+pytest_plugins = ["tests.fixtures.cluster", "tests.fixtures.minio"]
