@@ -29,7 +29,12 @@ class DType:
         return word
 
 
-_WORDS: Final = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_WORDS: Final[dict[int, type[np.unsignedinteger]]] = {
+    1: np.uint8,
+    2: np.uint16,
+    4: np.uint32,
+    8: np.uint64,
+}
 
 DTYPES: Final[dict[str, DType]] = {
     dtype.name: dtype

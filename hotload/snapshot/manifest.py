@@ -226,8 +226,8 @@ class Manifest(_Model):
         shard_paths = [s.path for s in self.shards]
         if incremental:
             outputs += shard_paths
-        elif not set(shard_paths) <= {f.path for f in self.files}:
-            raise ValueError("a Full snapshot stores every shard it lists")
+        elif set(shard_paths) != {f.path for f in self.files if f.path.endswith(".safetensors")}:
+            raise ValueError("a complete snapshot lists exactly its stored safetensors as shards")
         names = [*outputs, *(d.path for d in self.deltas), MANIFEST_NAME]
         if len(set(names)) != len(names):
             raise ValueError("a file name appears twice (or shadows the manifest)")

@@ -25,8 +25,10 @@ from hotload.snapshot.manifest import CodecId
 
 SPARSE_MAX_FRACTION = 0.3
 """Above this fraction of changed elements the sparse form is not even tried."""
-DENSE_MIN_FRACTION = 0.002
+DENSE_MIN_FRACTION = 0.02
 """Below it the dense forms are not tried (their zero runs alone outweigh the changes)."""
+XOR_MIN_FRACTION = 0.25
+"""Below it ``dense-xor`` is not tried (``dense-sub`` wins on small moves)."""
 RAW_MIN_FRACTION = 0.6
 """Above it ``raw`` is tried too (a tensor rewritten rather than nudged)."""
 
@@ -101,10 +103,10 @@ def encode_tensor(
             return sparse.encode_chunk(new[s : s + n], old[s : s + n], options.level)
 
         candidates[CodecId.SPARSE] = sparse.assemble(size, _map(executor, one_sparse, bounds))
-    if fraction >= DENSE_MIN_FRACTION or not candidates:
-        for codec in (CodecId.DENSE_SUB, CodecId.DENSE_XOR):
-            if codec in allowed:
-                candidates[codec] = dense_payload(codec)
+    if CodecId.DENSE_SUB in allowed and (fraction >= DENSE_MIN_FRACTION or not candidates):
+        candidates[CodecId.DENSE_SUB] = dense_payload(CodecId.DENSE_SUB)
+    if CodecId.DENSE_XOR in allowed and (fraction >= XOR_MIN_FRACTION or not candidates):
+        candidates[CodecId.DENSE_XOR] = dense_payload(CodecId.DENSE_XOR)
     if fraction >= RAW_MIN_FRACTION or not candidates:
         candidates[CodecId.RAW] = dense_payload(CodecId.RAW)
     best = min(candidates, key=lambda c: (len(candidates[c]), _PREFERENCE.index(c)))
