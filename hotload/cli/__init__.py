@@ -42,6 +42,7 @@ SUBCOMMAND_MODULES: Final = (
     "hotload.cli.crds",
     "hotload.cli.local",
     "hotload.cli.local_runtime",
+    "hotload.cli.local_demo",
     "hotload.cli.engine",
     "hotload.cli.snapshot",
     "hotload.cli.sidecar",

@@ -1,0 +1,35 @@
+"""``hotload local demo``: the main job on the embedded default (see hotload.local.demo)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from hotload.cli.local import STATE_HELP, local_app
+
+
+@local_app.command("demo")
+def demo_command(
+    regions: int = typer.Option(2, "--regions", "-n", min=1, help="How many local regions."),
+    replicas: int = typer.Option(2, "--replicas", min=1, help="Replicas per region."),
+    deltas: int = typer.Option(4, "--deltas", min=0, help="Deltas to publish after the Full."),
+    lr: float = typer.Option(1e-5, "--lr", help="The trainer's learning rate (RL-like: small)."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds to wait for each rollout."),
+    state: Path | None = typer.Option(None, "--state-dir", help=STATE_HELP),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the timings here."),
+) -> None:
+    """Publish snapshots to a file:// bucket and watch every replica in every region load them."""
+    from hotload.local.demo import DemoSettings, run_demo, timings_json
+
+    settings = DemoSettings(
+        regions=regions,
+        replicas=replicas,
+        deltas=deltas,
+        lr=lr,
+        ready_timeout_s=timeout,
+        state_dir=state,
+    )
+    timings = run_demo(settings, say=typer.echo)
+    if json_out is not None:
+        json_out.write_text(timings_json(timings) + "\n")
