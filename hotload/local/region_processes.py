@@ -16,6 +16,7 @@ from typing import Final
 from hotload.local import control_plane
 from hotload.local.processes import ProcessSpec
 from hotload.local.region import Region
+from hotload.local.runtime.region_process import runtime_process
 
 ProcessBuilder = Callable[[Region, Mapping[str, Path]], ProcessSpec]
 """(region, cached tool paths by name) → the spec of one process of that region."""
@@ -26,6 +27,7 @@ PROCESS_BUILDERS: Final[tuple[ProcessBuilder, ...]] = (
     control_plane.controller_manager,
     control_plane.scheduler,
     control_plane.kwok,
+    runtime_process,
 )
 
 

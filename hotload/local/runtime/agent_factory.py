@@ -72,9 +72,7 @@ async def run_sidecar_agent(env: Mapping[str, str], registry: CollectorRegistry)
     if not kubeconfig:
         raise ConfigError("a shared pod needs its KUBECONFIG", pod=config.pod_name)
     api = await async_api_client(Path(kubeconfig))
-    engine = NoopEngine()
     try:
-        agent = SidecarAgent(config, api, registry, lambda _spec: engine)
-        await agent.run()
+        await SidecarAgent(config, api, registry, NoopEngine()).run()
     finally:
         await api.close()

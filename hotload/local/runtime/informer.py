@@ -45,6 +45,13 @@ async def list_and_watch(
                         on_event(str(event.get("type")), obj)
         except KubeExpired:
             log.info("watch expired; listing again", extra={"path": path})
+        except (ValueError, KeyError, TypeError, OSError) as err:
+            # A malformed answer or a consumer's bug must not leave the runtime deaf.
+            log.exception(
+                "list/watch step failed; listing again", extra={"path": path, "error": repr(err)}
+            )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, max_delay_s)
         except KubeError as err:
             log.warning("list/watch failed; retrying", extra={"path": path, "error": str(err)})
             await asyncio.sleep(delay)

@@ -62,7 +62,11 @@ class PodRuntime:
         self._service_keys: set[str] = set()
         self._service_dirty = asyncio.Event()
         self._deps: WorkerDeps | None = None
-        self.services = ServicePorts(settings.services_file, lambda: list(self.workers.values()))
+        self.services = ServicePorts(
+            settings.services_file,
+            settings.runtime_dir / "service-ports.json",
+            lambda: list(self.workers.values()),
+        )
 
     def stop(self) -> None:
         """Ask the runtime to stop (what SIGTERM does)."""
@@ -157,6 +161,13 @@ class PodRuntime:
 
     def _pods_listed_now(self, items: list[dict[str, Any]]) -> None:
         ours = {pod["metadata"]["uid"]: pod for pod in items if is_ours(pod)}
+        if self._deps is not None:
+            # Pods keep their addresses: hold every one already in use before any new
+            # pod of this list is given one.
+            for uid, pod in ours.items():
+                address = (pod.get("status") or {}).get("podIP")
+                if address and uid not in self.workers:
+                    self._deps.addresses.reserve(uid, str(address))
         for uid, worker in list(self.workers.items()):
             if uid not in ours:
                 worker.vanished()

@@ -65,9 +65,9 @@ def _condition(
         if moved or not previous
         else previous.get("lastTransitionTime", now),
     }
-    if not ok and reason:
-        condition["reason"] = reason
-        condition["message"] = message
+    # A strategic merge keeps fields the patch leaves out: null removes a stale reason.
+    condition["reason"] = reason if not ok and reason else None
+    condition["message"] = message if not ok and reason else None
     return condition
 
 
@@ -133,9 +133,10 @@ def status_patch(
     body: dict[str, Any] = {
         "phase": pod_phase(views, str(spec.get("restartPolicy", "Always")), status.get("phase")),
         "podIP": pod_ip,
-        "podIPs": [{"ip": pod_ip}],
+        # podIPs/hostIPs merge by ip: replace the lists, never append a second address.
+        "podIPs": [{"ip": pod_ip}, {"$patch": "replace"}],
         "hostIP": host_ip,
-        "hostIPs": [{"ip": host_ip}],
+        "hostIPs": [{"ip": host_ip}, {"$patch": "replace"}],
         "startTime": start_time,
         "containerStatuses": [view.as_status() for view in views],
         "conditions": conditions,

@@ -2,9 +2,10 @@
 
 ``services.json`` (in the region directory; CONTRACTS.md) maps
 ``"<namespace>/<service>"`` to ``{"<port name or number>": <local port>}``. Ports are
-chosen once and kept across runtime restarts when still free (the file is read at
-start), so a demo's client keeps its URL. The file is rewritten atomically whenever a
-Service appears or goes.
+chosen once and kept across runtime restarts when still free (every port ever chosen is
+remembered in ``runtime/service-ports.json``), so a demo's client keeps its URL. The
+file is rewritten atomically whenever a Service appears or goes, and emptied when the
+runtime stops (nothing listens then).
 """
 
 from __future__ import annotations
@@ -53,10 +54,13 @@ def read_ports(path: Path) -> dict[str, dict[str, int]]:
 class ServicePorts:
     """Every proxied Service of the region, fed by the Service watch."""
 
-    def __init__(self, services_file: Path, pods: Callable[[], Iterable[RoutedPod]]) -> None:
+    def __init__(
+        self, services_file: Path, memory_file: Path, pods: Callable[[], Iterable[RoutedPod]]
+    ) -> None:
         self._file = services_file
+        self._memory_file = memory_file
         self._pods = pods
-        self._remembered = read_ports(services_file)
+        self._remembered = read_ports(memory_file)
         self._services: dict[str, LocalService] = {}
         self._listeners: dict[tuple[str, str], ServiceListener] = {}
         self._backends: dict[tuple[str, str], list[Backend]] = {}
@@ -144,6 +148,7 @@ class ServicePorts:
         await listener.start()
         self._listeners[(service, port_key)] = listener
         self._remembered.setdefault(service, {})[port_key] = listener.port
+        atomic_write_json(self._memory_file, self._remembered)
         log.info(
             "service port open",
             extra={"service": service, "service_port": port_key, "local_port": listener.port},
