@@ -38,6 +38,7 @@ from hotload.snapshot.manifest import (
     TensorEntry,
     read_manifest,
 )
+from hotload.snapshot.mapping import mapped
 from hotload.snapshot.paths import inside
 from hotload.snapshot.safetensors_file import SafetensorsHeader, length_prefix, parse_header
 from hotload.snapshot.staging import copy_file, staged_directory, write_bytes
@@ -310,7 +311,7 @@ def _rebuild_shard(
     target.parent.mkdir(parents=True, exist_ok=True)
     with target.open("w+b") as handle:
         handle.truncate(entry.size)
-        with mmap.mmap(handle.fileno(), entry.size) as output:
+        with mapped(handle.fileno(), entry.size, writable=True) as output:
             output[: header.data_start] = length_prefix(header_bytes) + header_bytes
             _fill_tensors(old, snapshot, manifest, header, entries, output, pool)
             output.flush()

@@ -16,6 +16,7 @@ import numpy as np
 
 from hotload.errors import DecodeFailed
 from hotload.snapshot.digest import tensor_hash, tensor_set_digest
+from hotload.snapshot.mapping import mapped
 from hotload.snapshot.safetensors_file import SafetensorsHeader, TensorInfo, read_header
 
 
@@ -65,7 +66,7 @@ def mapped_shards(root: Path, relpaths: tuple[str, ...] | list[str]) -> Iterator
             path = root / relpath
             header = read_header(path)
             handle = stack.enter_context(path.open("rb"))
-            buffer = stack.enter_context(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ))
+            buffer = stack.enter_context(mapped(handle.fileno(), 0))
             if len(buffer) != header.file_size:
                 raise DecodeFailed("file changed while it was read", file=relpath)
             shard = MappedShard(relpath, header, buffer)
