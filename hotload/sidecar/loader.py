@@ -32,10 +32,17 @@ from hotload.errors import ChecksumMismatch, ManifestInvalid
 from hotload.sidecar.metrics import AgentMetrics
 from hotload.sidecar.staging import StagingArea
 from hotload.sidecar.status import Phase
-from hotload.snapshot.decoder import rebuild
+from hotload.snapshot import (
+    MANIFEST_NAME,
+    Manifest,
+    StoredFile,
+    UpdatePlan,
+    next_manifest_needed,
+    parse_manifest,
+    plan_update,
+    rebuild,
+)
 from hotload.snapshot.digest import check_file
-from hotload.snapshot.manifest import MANIFEST_NAME, Manifest, StoredFile, parse_manifest
-from hotload.snapshot.planner import UpdatePlan, next_manifest_needed, plan_update
 from hotload.storage import Storage
 
 log = logging.getLogger(__name__)

@@ -21,19 +21,35 @@ checksum passed, so "a directory under ``snapshots/`` whose record names it" mea
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from hotload.api import SnapshotKind
 from hotload.api.pod import STAGING_MOUNT_PATH
-from hotload.snapshot.decoder import read_rebuilt_record
+from hotload.snapshot import REBUILT_NAME
 
 log = logging.getLogger(__name__)
 
 FETCH = "fetch"
 SNAPSHOTS = "snapshots"
+#: The decoder's record is a few hundred bytes; anything bigger is not one.
+_RECORD_LIMIT = 64 * 1024
+
+
+def _read_record(directory: Path) -> dict[str, Any] | None:
+    """The decoder's record of what a rebuilt directory holds (``hotload-rebuilt.json``)."""
+    path = directory / REBUILT_NAME
+    try:
+        if not path.is_file() or path.stat().st_size > _RECORD_LIMIT:
+            return None
+        record = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 @dataclass(frozen=True)
@@ -68,7 +84,7 @@ class StagingArea:
 
     def record(self, identity: str) -> StagedRecord | None:
         """The verified rebuild of ``identity``, or None when staging has none."""
-        record = read_rebuilt_record(self.snapshot_dir(identity))
+        record = _read_record(self.snapshot_dir(identity))
         if record is None or record.get("identity") != identity:
             return None
         step, kind = record.get("step"), record.get("kind")

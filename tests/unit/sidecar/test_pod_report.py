@@ -39,15 +39,22 @@ def test_annotation_patch_names_every_sidecar_annotation_in_one_patch() -> None:
 
 
 def test_reason_and_message_are_removed_unless_failed() -> None:
-    loading = PodAnnotations("s-4", "s-5", ReplicaState.LOADING, MOMENT, reason="NotFound", message="x")
+    loading = PodAnnotations(
+        "s-4", "s-5", ReplicaState.LOADING, MOMENT, reason="NotFound", message="x"
+    )
     values = loading.values()
     assert values[ANNOTATION_REASON] is None and values[ANNOTATION_MESSAGE] is None
 
 
 def test_failed_report_carries_reason_and_a_bounded_message() -> None:
     failed = PodAnnotations(
-        "s-4", "s-5", ReplicaState.FAILED, MOMENT, LoadPath.DELTA,
-        reason=reasons.CHECKSUM_MISMATCH, message="m" * (MESSAGE_LIMIT * 3),
+        "s-4",
+        "s-5",
+        ReplicaState.FAILED,
+        MOMENT,
+        LoadPath.DELTA,
+        reason=reasons.CHECKSUM_MISMATCH,
+        message="m" * (MESSAGE_LIMIT * 3),
     )
     values = failed.values()
     assert values[ANNOTATION_REASON] == "ChecksumMismatch"
