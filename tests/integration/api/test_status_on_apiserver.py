@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -42,10 +42,8 @@ def _objects(api: k8s.ApiClient) -> k8s.CustomObjectsApi:
 
 
 def _get(api: k8s.ApiClient, namespace: str, plural: str, name: str) -> dict[str, Any]:
-    found: dict[str, Any] = _objects(api).get_namespaced_custom_object(
-        GROUP, VERSION, namespace, plural, name
-    )
-    return found
+    found = _objects(api).get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+    return cast(dict[str, Any], found)
 
 
 def _lost_or_changed(served: Any, rendered: Any, path: str = "") -> list[str]:
@@ -137,8 +135,11 @@ def test_policy_snapshot_model_round_trips_the_server_object(
 
     # And back: the server accepts the model's rendering unchanged (spec is immutable, so a
     # difference in spec would be refused; status comes back equal).
-    replaced = _objects(api).replace_namespaced_custom_object(
-        GROUP, VERSION, namespace, SNAPSHOTS, "demo-step-1", rendered
+    replaced = cast(
+        dict[str, Any],
+        _objects(api).replace_namespaced_custom_object(
+            GROUP, VERSION, namespace, SNAPSHOTS, "demo-step-1", rendered
+        ),
     )
     assert replaced["metadata"]["generation"] == served["metadata"]["generation"]
     assert PolicySnapshot.model_validate(replaced) == model
