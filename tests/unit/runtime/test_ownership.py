@@ -9,7 +9,9 @@ from hotload.local.runtime.ownership import ContainerMode, deployment_of, is_our
 
 
 def _pod(*commands: list[str], shared: bool = False) -> dict[str, Any]:
-    containers = [{"name": f"c{n}", "image": "img", "command": c} for n, c in enumerate(commands)]
+    containers: list[dict[str, Any]] = [
+        {"name": f"c{n}", "image": "img", "command": c} for n, c in enumerate(commands)
+    ]
     for container in containers:
         if container["command"][:2] == ["hotload", "sidecar"]:
             container["env"] = [{"name": "HOTLOAD_DEPLOYMENT", "value": "fleet"}]

@@ -119,13 +119,16 @@ async def test_a_refusing_pod_is_skipped_for_the_next() -> None:
 async def test_streamed_responses_pass_through_as_they_come() -> None:
     pod = FakePod("streamer")
     backend = await pod.start()
-    async with listening(lambda: [backend]) as url, httpx.AsyncClient(trust_env=False) as client:
-        async with client.stream("GET", f"{url}/stream") as response:
-            chunks = response.aiter_text()
-            first = await asyncio.wait_for(chunks.__anext__(), timeout=5)
-            assert "first" in first, "the first event arrives while the pod still holds the second"
-            pod.release.set()
-            rest = "".join([chunk async for chunk in chunks])
+    async with (
+        listening(lambda: [backend]) as url,
+        httpx.AsyncClient(trust_env=False) as client,
+        client.stream("GET", f"{url}/stream") as response,
+    ):
+        chunks = response.aiter_text()
+        first = await asyncio.wait_for(chunks.__anext__(), timeout=5)
+        assert "first" in first, "the first event arrives while the pod still holds the second"
+        pod.release.set()
+        rest = "".join([chunk async for chunk in chunks])
     assert "second" in rest
     await pod.stop()
 
