@@ -89,6 +89,10 @@ def echo_server_command(
     ),
 ) -> None:
     """Answer with this pod's identity (a container for checking a local region)."""
+    import signal
+
+    if ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from hotload.local.runtime.echo_server import serve
 
     asyncio.run(serve(dict(os.environ), port, ignore_sigterm=ignore_sigterm))

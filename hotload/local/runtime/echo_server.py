@@ -190,13 +190,8 @@ async def serve(environ: Mapping[str, str], port: int, *, ignore_sigterm: bool) 
     server = _Server(config)
     loop = asyncio.get_running_loop()
 
-    def on_sigterm() -> None:
-        if ignore_sigterm:
-            log.warning("SIGTERM ignored (--ignore-sigterm)")
-            return
-        server.should_exit = True
-
-    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    if not ignore_sigterm:
+        loop.add_signal_handler(signal.SIGTERM, lambda: setattr(server, "should_exit", True))
     loop.add_signal_handler(signal.SIGINT, lambda: setattr(server, "should_exit", True))
     log.info("echo server listening", extra={"host": host, "port": port})
     await server.serve()
