@@ -1,0 +1,174 @@
+"""Many pods, few processes: shared pods' agents run as tasks in one host per deployment.
+
+Three pods annotated ``hotload.dev/runtime: shared`` (the sidecar and a ``noop`` engine)
+of one RolloutDeployment: the real sidecar agent of each runs in one host process, with
+its own identity and pod-bound token (it writes its own pod, under the sidecar RBAC),
+loads the deployment's target snapshot from a ``file://`` bucket and reports; the
+runtime turns each pod Ready once its agent's gate is True. Deleting the pods ends the
+agents and then the host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from hotload.api import API_VERSION
+from hotload.api.pod import (
+    ANNOTATION_RUNTIME,
+    ANNOTATION_SNAPSHOT,
+    ANNOTATION_STATE,
+    CONDITION_SNAPSHOT_READY,
+    RUNTIME_SHARED,
+    SIDECAR_RBAC_RULES,
+    STAGING_MOUNT_PATH,
+)
+from hotload.local import Region
+from hotload.local.runtime.process_ledger import start_ticks
+from tests.integration.runtime.conftest import (
+    TOLERATION,
+    condition,
+    container_status,
+    read_pod,
+    wait_for,
+)
+from tests.integration.runtime.tiny_snapshot import publish_tiny_full
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+
+PODS = 3
+DEPLOYMENT = "fleet"
+
+
+def _shared_pod(name: str) -> dict[str, Any]:
+    mount = [{"name": "staging", "mountPath": STAGING_MOUNT_PATH}]
+    env = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "HOTLOAD_DEPLOYMENT", "value": DEPLOYMENT},
+    ]
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {"app": DEPLOYMENT},
+            "annotations": {ANNOTATION_RUNTIME: RUNTIME_SHARED},
+        },
+        "spec": {
+            "serviceAccountName": "fleet-sidecar",
+            "terminationGracePeriodSeconds": 5,
+            "readinessGates": [{"conditionType": CONDITION_SNAPSHOT_READY}],
+            "tolerations": [TOLERATION],
+            "volumes": [{"name": "staging", "emptyDir": {"medium": "Memory"}}],
+            "containers": [
+                {
+                    "name": "engine",
+                    "image": "hotload:dev",
+                    "command": ["hotload", "engine", "noop"],
+                    "volumeMounts": mount,
+                },
+                {
+                    "name": "sidecar",
+                    "image": "hotload:dev",
+                    "command": ["hotload", "sidecar"],
+                    "env": env,
+                    "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8480}},
+                    "volumeMounts": mount,
+                },
+            ],
+        },
+    }
+
+
+def _host_pid(pod: dict[str, Any]) -> int:
+    """The host process of a shared pod's agent (``hotload-agent://<pid>/<uid>``)."""
+    container_id = container_status(pod, "sidecar")["containerID"]
+    return int(container_id.split("://", 1)[1].split("/", 1)[0])
+
+
+def test_shared_pods_run_the_real_agent_as_tasks_of_one_host_and_turn_ready(
+    core: k8s.CoreV1Api,
+    kube_clients: dict[str, k8s.ApiClient],
+    region: Region,
+    module_namespace: str,
+    tmp_path: Path,
+) -> None:
+    ns = module_namespace
+    api = kube_clients[region.name]
+    bucket = tmp_path / "bucket"
+    target = asyncio.run(publish_tiny_full(bucket, tmp_path / "work", "tiny-step-1", 1))
+    core.create_namespaced_service_account(ns, {"metadata": {"name": "fleet-sidecar"}})
+    rbac = k8s.RbacAuthorizationV1Api(api)
+    rbac.create_namespaced_role(
+        ns, {"metadata": {"name": "fleet-sidecar"}, "rules": list(SIDECAR_RBAC_RULES)}
+    )
+    rbac.create_namespaced_role_binding(
+        ns,
+        {
+            "metadata": {"name": "fleet-sidecar"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "fleet-sidecar",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "fleet-sidecar", "namespace": ns}],
+        },
+    )
+    custom = k8s.CustomObjectsApi(api)
+    group, version = API_VERSION.split("/")
+    custom.create_namespaced_custom_object(
+        group,
+        version,
+        ns,
+        "rolloutdeployments",
+        {
+            "apiVersion": API_VERSION,
+            "kind": "RolloutDeployment",
+            "metadata": {"name": DEPLOYMENT},
+            "spec": {
+                "model": {"name": "tiny", "servedName": "policy"},
+                "engine": {"kind": "noop", "port": 8000},
+                "replicas": PODS,
+                "hotLoad": {"bucketUrl": f"file://{bucket}", "transition": "ASYNC"},
+            },
+        },
+    )
+    custom.patch_namespaced_custom_object_status(
+        group,
+        version,
+        ns,
+        "rolloutdeployments",
+        DEPLOYMENT,
+        {"status": {"targetSnapshot": target.model_dump(mode="json", by_alias=True)}},
+    )
+    names = [f"{DEPLOYMENT}-{n}" for n in range(PODS)]
+    for name in names:
+        core.create_namespaced_pod(ns, _shared_pod(name))
+
+    def all_ready() -> list[dict[str, Any]] | None:
+        pods = [read_pod(core, ns, name) or {} for name in names]
+        return pods if all(condition(p, "Ready") == "True" for p in pods) else None
+
+    pods = wait_for("every shared pod Ready (its agent loaded the target)", all_ready, 180)
+    for pod in pods:
+        annotations = pod["metadata"]["annotations"]
+        assert annotations[ANNOTATION_STATE] == "Ready", "each agent reported on its own pod"
+        assert annotations[ANNOTATION_SNAPSHOT] == target.identity
+        assert condition(pod, CONDITION_SNAPSHOT_READY) == "True"
+        assert container_status(pod, "engine")["state"].get("running") is not None
+    hosts = {_host_pid(pod) for pod in pods}
+    assert len(hosts) == 1, "one host process runs every agent of the deployment"
+    (host,) = hosts
+    assert len({pod["status"]["podIP"] for pod in pods}) == PODS
+
+    core.delete_namespaced_pod(names[0], ns)
+    wait_for("the first pod gone", lambda: read_pod(core, ns, names[0]) is None, 30)
+    assert start_ticks(host) is not None, "the host keeps serving the other pods"
+    for name in names[1:]:
+        core.delete_namespaced_pod(name, ns)
+    wait_for("the host to exit with its last agent", lambda: start_ticks(host) is None, 30)
