@@ -306,7 +306,7 @@ class SidecarAgent:
                 )
                 self._set_phase(Phase.RETRYING)
                 await asyncio.sleep(delay)
-            except (OSError, ValueError, RuntimeError) as err:
+            except Exception as err:  # a bug or an unmapped failure: recorded, never fatal
                 log.exception(
                     "load failed unexpectedly",
                     extra={**self._context(), "snapshot": target.identity},

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hotload.api import LoadPath, SnapshotRef
-from hotload.errors import ChecksumMismatch, ManifestInvalid
+from hotload.errors import ChecksumMismatch, HotloadError, ManifestInvalid
 from hotload.sidecar.metrics import AgentMetrics
 from hotload.sidecar.staging import StagingArea
 from hotload.sidecar.status import Phase
@@ -49,6 +49,24 @@ log = logging.getLogger(__name__)
 
 #: Files downloaded at once (each with its own parallel ranged reads).
 FILES_AT_ONCE = 4
+
+
+def _first_error(group: ExceptionGroup[Exception]) -> Exception:
+    """The one error to report for parallel downloads that failed: a typed one that breaks
+    the chain first, then any typed one, then whatever came first."""
+    leaves: list[Exception] = []
+
+    def collect(error: Exception) -> None:
+        if isinstance(error, ExceptionGroup):
+            for inner in error.exceptions:
+                collect(inner)
+        else:
+            leaves.append(error)
+
+    collect(group)
+    typed = [e for e in leaves if isinstance(e, HotloadError)]
+    lasting = [e for e in typed if not e.transient]
+    return (lasting or typed or leaves)[0]
 
 
 @dataclass
@@ -203,9 +221,12 @@ class SnapshotLoader:
             timings.fetched_bytes += result.fetched_bytes
             self.metrics.fetched_bytes.inc(result.fetched_bytes)
 
-        async with asyncio.TaskGroup() as group:
-            for identity, entry in jobs:
-                group.create_task(one(identity, entry))
+        try:
+            async with asyncio.TaskGroup() as group:
+                for identity, entry in jobs:
+                    group.create_task(one(identity, entry))
+        except ExceptionGroup as group_error:
+            raise _first_error(group_error) from group_error
 
     def _verify_stored(self, manifest: Manifest) -> None:
         """Every stored file's size and hash; a bad file is removed so a retry refetches it."""
