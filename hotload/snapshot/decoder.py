@@ -18,6 +18,7 @@ import os
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,12 +28,12 @@ from hotload.api import SnapshotKind
 from hotload.errors import ChainBroken, ChecksumMismatch, DecodeFailed, ManifestInvalid
 from hotload.snapshot.codec.frames import decompress_exact
 from hotload.snapshot.codec.tensor_codec import ChunkJob, needs_previous, plan_decode
+from hotload.snapshot.delta_files import DeltaFiles
 from hotload.snapshot.digest import file_digest, tensor_hash, tensor_set_digest
 from hotload.snapshot.dtypes import DTYPES
 from hotload.snapshot.layout import CONFIG, REBUILT_NAME, check_config_change, scan
 from hotload.snapshot.limits import DEFAULT_CHUNK_ELEMENTS
 from hotload.snapshot.manifest import (
-    ByteRange,
     Manifest,
     ShardEntry,
     TensorEntry,
@@ -206,15 +207,6 @@ def _check_previous(previous: Path, manifest: Manifest, index: TensorIndex, veri
         )
 
 
-def _read_range(snapshot: Path, byte_range: ByteRange) -> bytes:
-    with inside(snapshot, byte_range.file).open("rb") as handle:
-        handle.seek(byte_range.offset)
-        data = handle.read(byte_range.length)
-    if len(data) != byte_range.length:
-        raise DecodeFailed("delta file shorter than the manifest says", file=byte_range.file)
-    return data
-
-
 def _rebuild_incremental(
     previous: Path,
     snapshot: Path,
@@ -243,14 +235,15 @@ def _rebuild_incremental(
         if entry.path == CONFIG and CONFIG in before.others:
             check_config_change(before.path(CONFIG), target, manifest.ignored_config_fields)
     entries = _entries_by_shard(manifest)
-    with mapped_shards(previous, before.shards) as old:
+    with mapped_shards(previous, before.shards) as old, ExitStack() as stack:
         _check_previous(previous, manifest, old, verify_previous)
+        deltas = DeltaFiles(snapshot, manifest, stack)
         pool = ThreadPoolExecutor(threads) if threads > 1 else None
         try:
             for shard_entry in manifest.shards:
                 _rebuild_shard(
                     old,
-                    snapshot,
+                    deltas,
                     staging,
                     manifest,
                     shard_entry,
@@ -262,7 +255,9 @@ def _rebuild_incremental(
                 pool.shutdown(cancel_futures=True)
 
 
-def _shard_header(old: TensorIndex, snapshot: Path, entry: ShardEntry, manifest: Manifest) -> bytes:
+def _shard_header(
+    old: TensorIndex, deltas: DeltaFiles, entry: ShardEntry, manifest: Manifest
+) -> bytes:
     if entry.header is None:
         previous_shard = old.shards.get(entry.path)
         if previous_shard is None:
@@ -282,10 +277,8 @@ def _shard_header(old: TensorIndex, snapshot: Path, entry: ShardEntry, manifest:
                 file=entry.path,
             )
         return header_bytes
-    frame = _read_range(snapshot, entry.header)
-    stored = decompress_exact(
-        memoryview(frame), entry.header_length, what=f"header of {entry.path}"
-    )
+    frame = deltas.read(entry.header)
+    stored = decompress_exact(frame, entry.header_length, what=f"header of {entry.path}")
     if stored is None:
         raise DecodeFailed("a stored shard header is empty", file=entry.path)
     _check_shard(entry, stored, manifest)
@@ -297,14 +290,14 @@ Task = Callable[[], None]
 
 def _rebuild_shard(
     old: TensorIndex,
-    snapshot: Path,
+    deltas: DeltaFiles,
     staging: Path,
     manifest: Manifest,
     entry: ShardEntry,
     entries: dict[str, TensorEntry],
     pool: ThreadPoolExecutor | None,
 ) -> None:
-    header_bytes = _shard_header(old, snapshot, entry, manifest)
+    header_bytes = _shard_header(old, deltas, entry, manifest)
     header = parse_header(header_bytes, entry.size, source=entry.path)
     _check_tensors_match(header, entries, entry.path)
     target = inside(staging, entry.path)
@@ -313,14 +306,14 @@ def _rebuild_shard(
         handle.truncate(entry.size)
         with mapped(handle.fileno(), entry.size, writable=True) as output:
             output[: header.data_start] = length_prefix(header_bytes) + header_bytes
-            _fill_tensors(old, snapshot, manifest, header, entries, output, pool)
+            _fill_tensors(old, deltas, manifest, header, entries, output, pool)
             output.flush()
         os.fsync(handle.fileno())
 
 
 def _fill_tensors(
     old: TensorIndex,
-    snapshot: Path,
+    deltas: DeltaFiles,
     manifest: Manifest,
     header: SafetensorsHeader,
     entries: dict[str, TensorEntry],
@@ -346,7 +339,7 @@ def _fill_tensors(
 
         for info in header.tensors:
             tensor = entries[info.name]
-            payload = None if tensor.data is None else _read_range(snapshot, tensor.data)
+            payload = None if tensor.data is None else deltas.read(tensor.data)
             size = 0 if payload is None else len(payload)
             tasks = _tensor_tasks(old, manifest, tensor, output, info.begin, payload)
             pending.append((tensor, info.begin, info.end, size, [_submit(pool, t) for t in tasks]))
@@ -385,7 +378,7 @@ def _tensor_tasks(
     tensor: TensorEntry,
     output: mmap.mmap,
     begin: int,
-    payload: bytes | None,
+    payload: memoryview | None,
 ) -> list[Task]:
     dtype = DTYPES[tensor.dtype]
     numel = tensor.numel
@@ -422,7 +415,7 @@ def _tensor_tasks(
     else:
         planned = plan_decode(
             tensor.codec,
-            memoryview(payload),
+            payload,
             numel,
             dtype.width,
             tensor=tensor.name,

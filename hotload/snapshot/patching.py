@@ -11,6 +11,7 @@ keeps exactly the weights it had.
 from __future__ import annotations
 
 from collections.abc import MutableMapping
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,10 +22,10 @@ from hotload.errors import ChainBroken, ChecksumMismatch, DecodeFailed
 from hotload.snapshot.codec import sparse
 from hotload.snapshot.codec.tensor_codec import ChunkJob, plan_decode
 from hotload.snapshot.codec.transforms import unzigzag
+from hotload.snapshot.delta_files import DeltaFiles
 from hotload.snapshot.digest import tensor_hash
 from hotload.snapshot.dtypes import DTYPES
 from hotload.snapshot.manifest import CodecId, Manifest, TensorEntry, read_manifest
-from hotload.snapshot.paths import inside
 from hotload.snapshot.verifier import verify_stored_files
 
 
@@ -79,46 +80,49 @@ def patch_tensors(
     verify_stored_files(snapshot, manifest)
     undo: list[_Undo] = []
     removed = {name: tensors[name] for name in set(tensors) - {t.name for t in manifest.tensors}}
-    try:
-        for entry in manifest.tensors:
-            undo.extend(_patch_one(tensors, snapshot, entry))
-            words = words_of(tensors[entry.name], entry) if entry.name in tensors else None
-            if words is None:
-                raise ChainBroken("a delta needs a tensor the held weights lack", tensor=entry.name)
-            found = tensor_hash(memoryview(words.data))
-            if found != entry.hash:
-                raise ChecksumMismatch(
-                    "patched tensor hash differs from the manifest",
-                    snapshot=manifest.identity,
-                    tensor=entry.name,
-                    expected=entry.hash,
-                    found=found,
-                )
-    except BaseException:
-        for record in reversed(undo):
-            _revert(tensors, record)
-        raise
+    with ExitStack() as stack:
+        deltas = DeltaFiles(snapshot, manifest, stack)
+        try:
+            for entry in manifest.tensors:
+                undo.extend(_patch_one(tensors, deltas, entry))
+                _check_patched(tensors, entry, manifest)
+        except BaseException:
+            for record in reversed(undo):
+                _revert(tensors, record)
+            raise
     for name in removed:
         del tensors[name]
     return manifest
 
 
+def _check_patched(
+    tensors: MutableMapping[str, np.ndarray], entry: TensorEntry, manifest: Manifest
+) -> None:
+    if entry.name not in tensors:
+        raise ChainBroken("a delta needs a tensor the held weights lack", tensor=entry.name)
+    found = tensor_hash(memoryview(words_of(tensors[entry.name], entry).data))
+    if found != entry.hash:
+        raise ChecksumMismatch(
+            "patched tensor hash differs from the manifest",
+            snapshot=manifest.identity,
+            tensor=entry.name,
+            expected=entry.hash,
+            found=found,
+        )
+
+
 def _patch_one(
-    tensors: MutableMapping[str, np.ndarray], snapshot: Path, entry: TensorEntry
+    tensors: MutableMapping[str, np.ndarray], deltas: DeltaFiles, entry: TensorEntry
 ) -> list[_Undo]:
     if entry.codec is CodecId.UNCHANGED:
         return []
     if entry.data is None:
         raise DecodeFailed("codec has no payload", tensor=entry.name, codec=str(entry.codec))
-    with inside(snapshot, entry.data.file).open("rb") as handle:
-        handle.seek(entry.data.offset)
-        payload = handle.read(entry.data.length)
-    if len(payload) != entry.data.length:
-        raise DecodeFailed("delta file shorter than the manifest says", file=entry.data.file)
+    payload = deltas.read(entry.data)
     dtype = DTYPES[entry.dtype]
     jobs = plan_decode(
         entry.codec,
-        memoryview(payload),
+        payload,
         entry.numel,
         dtype.width,
         tensor=entry.name,
