@@ -12,6 +12,10 @@ reuses the longest common token prefix of any entry it may see — its own sessi
   keep their KV, while new sessions (and requests without a session) never reuse KV that
   the old weights computed.
 
+Old KV never leaks through a request either: an entry built on a sealed entry stays
+sealed, and a request that started before a reset stores its KV under that reset's rule
+(dropped after ``all``, sealed after ``new_session``).
+
 Entries are bounded (LRU). Each lookup hands out a private copy, cropped to the reused
 length, so concurrent requests never share a mutable cache.
 """
@@ -48,6 +52,10 @@ class CacheEntry:
 class CacheHit:
     kv: DynamicCache | None
     reused_tokens: int
+    epoch: int
+    """The cache's reset count when the request started (pass it back to ``store``)."""
+    sealed: bool = False
+    """The reused KV came from a sealed entry."""
 
 
 def _common_prefix(left: Sequence[int], right: Sequence[int]) -> int:
@@ -66,6 +74,8 @@ class PromptCache:
         self._capacity = capacity
         self._entries: OrderedDict[str, CacheEntry] = OrderedDict()
         self._anonymous = itertools.count()
+        self._resets: list[KvCachePolicy] = []
+        """Every ``all``/``new_session`` reset so far; its length is the epoch."""
 
     def lookup(self, session: str | None, prompt: Sequence[int]) -> CacheHit:
         """A private copy of the best reusable KV for ``prompt`` (one token always stays)."""
@@ -77,28 +87,41 @@ class PromptCache:
             length = min(_common_prefix(entry.tokens, prompt), len(prompt) - 1)
             if length > best_length:
                 best, best_length = entry, length
+        epoch = len(self._resets)
         if best is None or best_length <= 0:
-            return CacheHit(None, 0)
+            return CacheHit(None, 0, epoch)
         kv = copy.deepcopy(best.kv)
         surplus = len(best.tokens) - best_length
         if surplus > 0:
             kv.crop(-surplus)
-        return CacheHit(kv, best_length)
+        return CacheHit(kv, best_length, epoch, best.sealed)
 
     def store(
-        self, session: str | None, tokens: Sequence[int], kv: DynamicCache, identity: str
+        self,
+        session: str | None,
+        tokens: Sequence[int],
+        kv: DynamicCache,
+        identity: str,
+        hit: CacheHit,
     ) -> None:
-        """Remember the KV of ``tokens`` (its length must equal the tokens fed)."""
-        if not tokens:
+        """Remember the KV of ``tokens`` (its length must equal the tokens fed), under the
+        rules of any reset that happened since the request's ``hit``."""
+        since = self._resets[hit.epoch :]
+        if not tokens or KvCachePolicy.ALL in since:
+            return
+        sealed = hit.sealed or KvCachePolicy.NEW_SESSION in since
+        if sealed and session is None:
             return
         key = session if session is not None else f"{_ANONYMOUS}{next(self._anonymous)}"
         self._entries.pop(key, None)
-        self._entries[key] = CacheEntry(session, tuple(tokens), kv, identity)
+        self._entries[key] = CacheEntry(session, tuple(tokens), kv, identity, sealed)
         while len(self._entries) > self._capacity:
             self._entries.popitem(last=False)
 
     def apply(self, policy: KvCachePolicy) -> int:
         """Apply a post-swap policy; returns how many entries were dropped."""
+        if policy is not KvCachePolicy.NONE:
+            self._resets.append(policy)
         if policy is KvCachePolicy.ALL:
             dropped = len(self._entries)
             self._entries.clear()

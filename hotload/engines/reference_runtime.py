@@ -18,7 +18,6 @@ token and holds new ones; ``wait`` holds new ones and returns once in-flight one
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -34,8 +33,8 @@ from hotload.engines import reference_model as rm
 from hotload.engines import reference_tokenizer as tok
 from hotload.engines.protocol import PauseMode
 from hotload.engines.reference_cache import DEFAULT_CAPACITY, PromptCache
-from hotload.engines.reference_weights import read_full_snapshot, read_lora_adapter
-from hotload.errors import EngineBusy, EngineRejected
+from hotload.engines.reference_weights import merge_lora, read_full_snapshot
+from hotload.errors import EngineBusy
 
 log = logging.getLogger(__name__)
 
@@ -143,30 +142,7 @@ class ReferenceRuntime:
         return _Prepared(kind, tensors=tensors)
 
     def _merge_lora(self, path: Path) -> torch.nn.Module:
-        from peft import get_peft_model, set_peft_model_state_dict
-
-        peft_config, adapter = read_lora_adapter(path)
-        candidate = copy.deepcopy(self._base)
-        try:
-            peft_model = get_peft_model(candidate, peft_config)
-            result = set_peft_model_state_dict(peft_model, adapter)
-        except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as err:
-            raise EngineRejected(
-                f"the LoRA adapter does not fit the model: {err}", path=str(path)
-            ) from err
-        unexpected = list(getattr(result, "unexpected_keys", []) or [])
-        missing = [key for key in getattr(result, "missing_keys", []) or [] if "lora_" in key]
-        if unexpected or missing:
-            raise EngineRejected(
-                "the LoRA adapter's tensors do not match its config",
-                path=str(path),
-                unexpected=sorted(unexpected)[:5],
-                missing=sorted(missing)[:5],
-            )
-        merged: torch.nn.Module = peft_model.merge_and_unload()
-        merged.eval()
-        merged.requires_grad_(False)
-        return merged
+        return merge_lora(self._base, path)
 
     def _apply(self, prepared: _Prepared) -> None:
         if prepared.merged is not None:
@@ -305,7 +281,7 @@ class ReferenceRuntime:
                     break
                 fed.append(token)
                 logits, kv, identity = await self._step([token], kv)
-            self.cache.store(request.session, fed, kv, identity)
+            self.cache.store(request.session, fed, kv, identity, hit)
         finally:
             self._active -= 1
             async with self._idle:

@@ -161,3 +161,37 @@ def read_lora_adapter(directory: Path) -> tuple[Any, dict[str, torch.Tensor]]:
         else _weight_files(directory)
     )
     return config, read_tensors(files)
+
+
+def merge_lora(base: torch.nn.Module, directory: Path) -> torch.nn.Module:
+    """A new model: a copy of ``base`` with the adapter in ``directory`` merged in (PEFT).
+
+    ``base`` is never modified, so a refused adapter leaves the served model as it was and
+    the next adapter applies to the same base. Costs one copy of the model in memory.
+    """
+    import copy
+
+    from peft import get_peft_model, set_peft_model_state_dict
+
+    peft_config, adapter = read_lora_adapter(directory)
+    candidate = copy.deepcopy(base)
+    try:
+        peft_model = get_peft_model(candidate, peft_config)
+        result = set_peft_model_state_dict(peft_model, adapter)
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise EngineRejected(
+            f"the LoRA adapter does not fit the model: {err}", path=str(directory)
+        ) from err
+    unexpected = list(getattr(result, "unexpected_keys", None) or [])
+    missing = [key for key in getattr(result, "missing_keys", None) or [] if "lora_" in key]
+    if unexpected or missing:
+        raise EngineRejected(
+            "the LoRA adapter's tensors do not match its config",
+            path=str(directory),
+            unexpected=sorted(unexpected)[:_MAX_LISTED],
+            missing=sorted(missing)[:_MAX_LISTED],
+        )
+    merged: torch.nn.Module = peft_model.merge_and_unload()
+    merged.eval()
+    merged.requires_grad_(False)
+    return merged
