@@ -32,7 +32,7 @@ from hotload.snapshot.manifest import (
     TensorEntry,
 )
 from hotload.snapshot.staging import copy_file, staged_directory, write_bytes
-from hotload.snapshot.tensor_files import TensorIndex, mapped_shards
+from hotload.snapshot.tensor_files import TensorSource, mapped_shards
 
 log = logging.getLogger(__name__)
 
@@ -102,17 +102,23 @@ def encode(
         raise ConfigError("a delta cannot apply to a LoRA adapter", previous=str(previous))
     pool = ThreadPoolExecutor(threads) if threads > 1 else None
     try:
-        return _write_incremental(
-            before,
-            model,
-            out,
-            identity=identity,
-            step=step,
-            previous_identity=previous_identity,
-            ignored=ignored,
-            options=options,
-            pool=pool,
-        )
+        with (
+            mapped_shards(before.root, before.shards) as old,
+            mapped_shards(model.root, model.shards) as new,
+        ):
+            return write_incremental(
+                before,
+                model,
+                old,
+                new,
+                out,
+                identity=identity,
+                step=step,
+                previous_identity=previous_identity,
+                ignored=ignored,
+                options=options,
+                pool=pool,
+            )
     finally:
         if pool is not None:
             pool.shutdown()
@@ -224,9 +230,11 @@ def delta_file_name(index: int) -> str:
     return f"hotload-delta-{index:05d}.bin"
 
 
-def _write_incremental(
+def write_incremental(
     before: ModelDir,
     model: ModelDir,
+    old: TensorSource,
+    new: TensorSource,
     out: Path,
     *,
     identity: str,
@@ -235,7 +243,12 @@ def _write_incremental(
     ignored: list[str],
     options: CodecOptions,
     pool: ThreadPoolExecutor | None,
+    previous_digest: str | None = None,
+    store_headers: bool = False,
 ) -> EncodeResult:
+    """The incremental snapshot from ``old`` to ``new`` tensors; non-tensor files from
+    ``before`` and ``model`` (their ``others``). ``store_headers`` stores every shard
+    header (when the previous directory's header bytes are not known)."""
     with staged_directory(out) as staging:
         files: list[StoredFile] = []
         referenced: list[StoredFile] = []
@@ -250,12 +263,10 @@ def _write_incremental(
                     check_config_change(before.path(relpath), source, ignored)
             copy_file(source, staging / relpath)
             files.append(entry)
-        with (
-            mapped_shards(before.root, before.shards) as old,
-            mapped_shards(model.root, model.shards) as new,
-        ):
-            previous_digest = old.digest()
-            deltas, shards, tensors, reports = _encode_shards(old, new, staging, options, pool)
+        previous_digest = previous_digest or old.digest()
+        deltas, shards, tensors, reports = _encode_shards(
+            old, new, staging, options, pool, store_headers
+        )
         manifest = Manifest(
             identity=identity,
             step=step,
@@ -280,11 +291,12 @@ def _write_incremental(
 
 
 def _encode_shards(
-    old: TensorIndex,
-    new: TensorIndex,
+    old: TensorSource,
+    new: TensorSource,
     staging: Path,
     options: CodecOptions,
     pool: ThreadPoolExecutor | None,
+    store_headers: bool,
 ) -> tuple[list[StoredFile], list[ShardEntry], list[TensorEntry], list[TensorReport]]:
     deltas: list[StoredFile] = []
     shards: list[ShardEntry] = []
@@ -296,7 +308,11 @@ def _encode_shards(
             header = shard.header
             previous_shard = old.shards.get(relpath)
             stored_header = None
-            if previous_shard is None or previous_shard.header.header_bytes != header.header_bytes:
+            if (
+                store_headers
+                or previous_shard is None
+                or previous_shard.header.header_bytes != header.header_bytes
+            ):
                 stored_header = writer.append(compress_bytes(header.header_bytes, HEADER_LEVEL))
             shards.append(
                 _shard_entry(relpath, header.header_bytes, header.file_size, stored_header)

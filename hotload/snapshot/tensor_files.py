@@ -7,10 +7,11 @@ straight out of the mapped file: nothing is copied to read it.
 from __future__ import annotations
 
 import mmap
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -36,6 +37,29 @@ class MappedShard:
 
     def raw(self, tensor: TensorInfo) -> memoryview:
         return memoryview(self.buffer)[tensor.begin : tensor.end]
+
+
+class ShardSource(Protocol):
+    """One shard of tensors: its header, and each tensor's words and bytes."""
+
+    @property
+    def header(self) -> SafetensorsHeader: ...
+
+    def words(self, tensor: TensorInfo) -> Any: ...
+
+    def raw(self, tensor: TensorInfo) -> Any: ...
+
+
+class TensorSource(Protocol):
+    """Tensors by shard and by name: a directory's mapped files, or a torch state_dict."""
+
+    @property
+    def shards(self) -> Mapping[str, ShardSource]: ...
+
+    @property
+    def by_name(self) -> Mapping[str, tuple[ShardSource, TensorInfo]]: ...
+
+    def digest(self) -> str: ...
 
 
 @dataclass(frozen=True)

@@ -37,10 +37,8 @@ def chunk_bounds(numel: int, chunk_elements: int) -> list[tuple[int, int]]:
     return [(s, min(chunk_elements, numel - s)) for s in range(0, numel, chunk_elements)]
 
 
-def encode_chunk(
-    codec: CodecId, new: np.ndarray, old: np.ndarray | None, level: int
-) -> list[bytes]:
-    """The frames of one chunk: the transformed words' byte planes, compressed."""
+def chunk_planes(codec: CodecId, new: np.ndarray, old: np.ndarray | None) -> list[np.ndarray]:
+    """The byte planes of one chunk's transformed words (numpy backend)."""
     if codec is CodecId.RAW:
         words = new
     elif old is None:
@@ -49,7 +47,19 @@ def encode_chunk(
         words = np.bitwise_xor(new, old)
     else:
         words = zigzag_diff(new, old)
-    return [compress_plane(plane, level) for plane in planes.split(words)]
+    return planes.split(words)
+
+
+def compress_chunk(chunk_planes: list[np.ndarray], level: int) -> list[bytes]:
+    """The frames of one chunk, from its planes (whatever backend made them)."""
+    return [compress_plane(plane, level) for plane in chunk_planes]
+
+
+def encode_chunk(
+    codec: CodecId, new: np.ndarray, old: np.ndarray | None, level: int
+) -> list[bytes]:
+    """The frames of one chunk: the transformed words' byte planes, compressed."""
+    return compress_chunk(chunk_planes(codec, new, old), level)
 
 
 def assemble(chunk_elements: int, chunks: list[list[bytes]]) -> bytes:
@@ -81,13 +91,20 @@ def parse(payload: memoryview, numel: int, width: int, *, tensor: str) -> list[D
     return chunks
 
 
-def decode_chunk(codec: CodecId, chunk: DenseChunk, out: np.ndarray, *, tensor: str) -> None:
-    """Rebuild ``out`` (this chunk's words, holding the previous bits for delta codecs)."""
+def decode_words(
+    chunk: DenseChunk, word: np.dtype[np.unsignedinteger], *, tensor: str
+) -> np.ndarray:
+    """The chunk's transformed words (before the inverse transform is applied)."""
     data = [
         decompress_exact(frame, chunk.length, what=f"{tensor}@{chunk.start}")
         for frame in chunk.frames
     ]
-    words = planes.join(data, chunk.length, out.dtype)
+    return planes.join(data, chunk.length, word)
+
+
+def decode_chunk(codec: CodecId, chunk: DenseChunk, out: np.ndarray, *, tensor: str) -> None:
+    """Rebuild ``out`` (this chunk's words, holding the previous bits for delta codecs)."""
+    words = decode_words(chunk, out.dtype, tensor=tensor)
     if codec is CodecId.RAW:
         out[...] = words
     elif codec is CodecId.DENSE_XOR:

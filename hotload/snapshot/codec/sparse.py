@@ -43,18 +43,32 @@ def gap_planes_for(max_gap: int) -> int:
     return 1 if max_gap < 1 << 8 else 2 if max_gap < 1 << 16 else 3
 
 
-def encode_chunk(new: np.ndarray, old: np.ndarray, level: int) -> tuple[int, int, list[bytes]]:
-    """(changes, gap planes, frames) of one chunk."""
+def chunk_planes(new: np.ndarray, old: np.ndarray) -> tuple[int, int, list[np.ndarray]]:
+    """(changes, gap planes, planes: gaps then values) of one chunk (numpy backend)."""
     positions = np.flatnonzero(new != old)
     changes = len(positions)
     if changes == 0:
         return 0, 0, []
     gaps = np.diff(positions, prepend=-1) - 1
     gap_count = gap_planes_for(int(gaps.max()))
-    frames = [compress_plane(p, level) for p in planes.split(gaps.astype(_GAP_WORD), gap_count)]
     values = zigzag_diff(new[positions], old[positions])
-    frames += [compress_plane(p, level) for p in planes.split(values)]
-    return changes, gap_count, frames
+    return (
+        changes,
+        gap_count,
+        planes.split(gaps.astype(_GAP_WORD), gap_count) + planes.split(values),
+    )
+
+
+def compress_chunk(
+    made: tuple[int, int, list[np.ndarray]], level: int
+) -> tuple[int, int, list[bytes]]:
+    changes, gap_count, chunk_planes = made
+    return changes, gap_count, [compress_plane(p, level) for p in chunk_planes]
+
+
+def encode_chunk(new: np.ndarray, old: np.ndarray, level: int) -> tuple[int, int, list[bytes]]:
+    """(changes, gap planes, frames) of one chunk."""
+    return compress_chunk(chunk_planes(new, old), level)
 
 
 def assemble(chunk_elements: int, chunks: list[tuple[int, int, list[bytes]]]) -> bytes:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -69,38 +69,96 @@ def _map(
     return list(executor.map(fn, items))
 
 
+class WordBackend(Protocol):
+    """Where the words live and how their planes are made (numpy here; torch in
+    ``hotload.snapshot.torch_codec``). Backends return identical planes for identical
+    bits, so the payloads — compressed by the same code — are identical too."""
+
+    def length(self, words: Any) -> int: ...
+
+    def same_layout(self, new: Any, old: Any) -> bool: ...
+
+    def changed(self, new: Any, old: Any) -> int: ...
+
+    def dense_planes(self, codec: CodecId, new: Any, old: Any | None) -> list[np.ndarray]: ...
+
+    def sparse_planes(self, new: Any, old: Any) -> tuple[int, int, list[np.ndarray]]: ...
+
+
+class NumpyWords:
+    """The numpy backend: 1-D arrays of unsigned words."""
+
+    def length(self, words: np.ndarray) -> int:
+        return len(words)
+
+    def same_layout(self, new: np.ndarray, old: np.ndarray) -> bool:
+        return bool(old.dtype == new.dtype and len(old) == len(new))
+
+    def changed(self, new: np.ndarray, old: np.ndarray) -> int:
+        return int(np.count_nonzero(new != old))
+
+    def dense_planes(
+        self, codec: CodecId, new: np.ndarray, old: np.ndarray | None
+    ) -> list[np.ndarray]:
+        return dense.chunk_planes(codec, new, old)
+
+    def sparse_planes(self, new: np.ndarray, old: np.ndarray) -> tuple[int, int, list[np.ndarray]]:
+        return sparse.chunk_planes(new, old)
+
+
+NUMPY_WORDS: WordBackend = NumpyWords()
+
+
+def backend_for(words: Any) -> WordBackend:
+    """numpy for arrays; torch (imported now) for anything else."""
+    if isinstance(words, np.ndarray):
+        return NUMPY_WORDS
+    from hotload.snapshot.torch_codec import TORCH_WORDS
+
+    return TORCH_WORDS
+
+
 def encode_tensor(
-    new: np.ndarray,
-    old: np.ndarray | None,
+    new: Any,
+    old: Any | None,
     options: CodecOptions = CodecOptions(),
     executor: Executor | None = None,
+    backend: WordBackend | None = None,
 ) -> EncodedTensor:
-    """Encode ``new`` (1-D unsigned words) against ``old`` (same words, or None: no previous)."""
-    bounds = dense.chunk_bounds(len(new), options.chunk_elements)
+    """Encode ``new`` (1-D words) against ``old`` (same words, or None: no previous).
+
+    Words are numpy arrays of unsigned integers, or torch tensors (any device) viewed
+    as integers of the dtype's width; the payload is the same either way.
+    """
+    words = backend or backend_for(new)
+    total = words.length(new)
+    bounds = dense.chunk_bounds(total, options.chunk_elements)
     size = options.chunk_elements
+    level = options.level
 
     def dense_payload(codec: CodecId) -> bytes:
         def one(bound: tuple[int, int]) -> list[bytes]:
             s, n = bound
-            return dense.encode_chunk(
-                codec, new[s : s + n], None if old is None else old[s : s + n], options.level
+            made = words.dense_planes(
+                codec, new[s : s + n], None if old is None else old[s : s + n]
             )
+            return dense.compress_chunk(made, level)
 
         return dense.assemble(size, _map(executor, one, bounds))
 
-    if old is None or old.dtype != new.dtype or len(old) != len(new):
+    if old is None or not words.same_layout(new, old):
         return EncodedTensor(CodecId.RAW, dense_payload(CodecId.RAW), None)
-    changed = int(np.count_nonzero(new != old))
+    changed = words.changed(new, old)
     if changed == 0:
         return EncodedTensor(CodecId.UNCHANGED, b"", 0)
-    fraction = changed / len(new)
+    fraction = changed / total
     candidates: dict[CodecId, bytes] = {}
     allowed = set(options.codecs)
     if CodecId.SPARSE in allowed and fraction <= SPARSE_MAX_FRACTION:
 
         def one_sparse(bound: tuple[int, int]) -> tuple[int, int, list[bytes]]:
             s, n = bound
-            return sparse.encode_chunk(new[s : s + n], old[s : s + n], options.level)
+            return sparse.compress_chunk(words.sparse_planes(new[s : s + n], old[s : s + n]), level)
 
         candidates[CodecId.SPARSE] = sparse.assemble(size, _map(executor, one_sparse, bounds))
     if CodecId.DENSE_SUB in allowed and (fraction >= DENSE_MIN_FRACTION or not candidates):

@@ -1,0 +1,360 @@
+"""The codec on torch tensors, on any device: CUDA when there is one.
+
+The same format, computed where the weights are: the transforms (changed mask,
+positions, gaps, zigzag differences, byte planes) run on the tensors' device and only
+the planes — a few bytes per changed element for the sparse codec — cross to the host
+to be zstd-compressed by the same code as the numpy backend. Planes are identical for
+identical bits, so a snapshot encoded from CUDA tensors is byte-identical to one
+encoded from files, and :func:`patch_state_dict` rebuilds bit-identically to the
+directory decoder. torch is imported when this module is, never by the core.
+
+Integer words are signed torch types of the dtype's width (``int16`` for bf16);
+wrapping arithmetic is done one size wider and masked, so no result depends on how a
+device handles signed overflow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import torch
+
+from hotload.api import SnapshotKind
+from hotload.errors import ChainBroken, ChecksumMismatch, DecodeFailed
+from hotload.snapshot.codec import dense, sparse
+from hotload.snapshot.codec.sparse import gap_planes_for
+from hotload.snapshot.codec.tensor_codec import ChunkJob, WordBackend, plan_decode
+from hotload.snapshot.delta_files import DeltaFiles
+from hotload.snapshot.digest import tensor_hash, tensor_set_digest
+from hotload.snapshot.dtypes import DTYPES
+from hotload.snapshot.manifest import CodecId, Manifest, TensorEntry, read_manifest
+from hotload.snapshot.safetensors_file import SafetensorsHeader, TensorInfo
+from hotload.snapshot.verifier import verify_stored_files
+
+_SIGNED: Final = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_WIDER: Final = {1: torch.int16, 2: torch.int32, 4: torch.int64}
+_NUMPY_SIGNED: Final = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def words_of(tensor: torch.Tensor) -> torch.Tensor:
+    """A flat view of ``tensor``'s bits as integer words of its element size."""
+    flat = tensor.detach().reshape(-1)
+    if not flat.is_contiguous():
+        raise DecodeFailed("tensor is not contiguous", shape=list(tensor.shape))
+    return flat.view(_SIGNED[flat.element_size()])
+
+
+def _unsigned(words: torch.Tensor) -> torch.Tensor:
+    """Words as non-negative values in a wider type (width 8 stays int64, wrapping)."""
+    width = words.element_size()
+    if width == 8:
+        return words
+    wide = words.to(_WIDER[width])
+    return wide & ((1 << (8 * width)) - 1)
+
+
+def _narrow(wide: torch.Tensor, width: int) -> torch.Tensor:
+    """Values in [0, 2**(8*width)) back to words of ``width`` bytes."""
+    if width == 8:
+        return wide
+    if width == 1:
+        return wide.to(torch.uint8)
+    half = 1 << (8 * width - 1)
+    return torch.where(wide >= half, wide - 2 * half, wide).to(_SIGNED[width])
+
+
+def zigzag(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """``zigzag(new - old)`` as non-negative values (int64 bits for width 8)."""
+    width = new.element_size()
+    if width == 8:
+        diff = new - old
+        return (diff << 1) ^ (diff >> 63)
+    bits = 8 * width
+    mask = (1 << bits) - 1
+    diff = (_unsigned(new) - _unsigned(old)) & mask
+    signed = torch.where(diff >= 1 << (bits - 1), diff - (1 << bits), diff)
+    return ((signed << 1) ^ (signed >> (bits - 1))) & mask
+
+
+def unzigzag_add(old: torch.Tensor, zig: torch.Tensor) -> torch.Tensor:
+    """``old + unzigzag(zig)`` as words (wrapping)."""
+    width = old.element_size()
+    if width == 8:
+        return old + (((zig >> 1) & 0x7FFFFFFFFFFFFFFF) ^ -(zig & 1))
+    mask = (1 << (8 * width)) - 1
+    diff = (zig >> 1) ^ -(zig & 1)
+    return _narrow((_unsigned(old) + diff) & mask, width)
+
+
+def planes(values: torch.Tensor, count: int) -> list[np.ndarray]:
+    """Byte planes 0..count-1 of ``values`` (any integer type), as host uint8 arrays."""
+    if values.dtype == torch.uint8:
+        return [values.cpu().numpy()]
+    return [((values >> (8 * j)) & 0xFF).to(torch.uint8).cpu().numpy() for j in range(count)]
+
+
+class TorchWords:
+    """The torch backend of :class:`~hotload.snapshot.codec.tensor_codec.WordBackend`."""
+
+    def length(self, words: torch.Tensor) -> int:
+        return int(words.numel())
+
+    def same_layout(self, new: torch.Tensor, old: torch.Tensor) -> bool:
+        return bool(new.dtype == old.dtype and new.numel() == old.numel())
+
+    def changed(self, new: torch.Tensor, old: torch.Tensor) -> int:
+        return int((new != old).sum().item())
+
+    def dense_planes(
+        self, codec: CodecId, new: torch.Tensor, old: torch.Tensor | None
+    ) -> list[np.ndarray]:
+        width = new.element_size()
+        if codec is CodecId.RAW:
+            values = new
+        elif old is None:
+            raise ValueError(f"{codec} needs the previous words")
+        elif codec is CodecId.DENSE_XOR:
+            values = new ^ old
+        else:
+            values = zigzag(new, old)
+        return planes(values, width)
+
+    def sparse_planes(
+        self, new: torch.Tensor, old: torch.Tensor
+    ) -> tuple[int, int, list[np.ndarray]]:
+        positions = torch.nonzero(new != old).reshape(-1)
+        changes = int(positions.numel())
+        if changes == 0:
+            return 0, 0, []
+        start = torch.full((1,), -1, dtype=positions.dtype, device=positions.device)
+        gaps = torch.diff(positions, prepend=start) - 1
+        gap_count = gap_planes_for(int(gaps.max().item()))
+        values = zigzag(new[positions], old[positions])
+        return changes, gap_count, planes(gaps, gap_count) + planes(values, new.element_size())
+
+
+TORCH_WORDS: WordBackend = TorchWords()
+
+
+@dataclass(frozen=True)
+class _Undo:
+    name: str
+    start: int
+    positions: torch.Tensor | None
+    """Changed positions in the chunk at ``start``; None: the whole chunk."""
+    values: torch.Tensor
+
+
+def patch_state_dict(
+    state_dict: MutableMapping[str, torch.Tensor],
+    snapshot: Path,
+    *,
+    held_identity: str | None = None,
+) -> Manifest:
+    """Apply an incremental snapshot to ``state_dict`` in place, on its tensors' device.
+
+    All or nothing: every rebuilt tensor's xxh3-128 is checked (on the host) and on any
+    error every change is undone. Tensors the delta rewrites (``raw``) are replaced by
+    new tensors on the same device as the others; removed ones are dropped.
+    """
+    manifest = read_manifest(snapshot)
+    if manifest.kind is not SnapshotKind.INCREMENTAL:
+        raise DecodeFailed("only an incremental snapshot patches weights", kind=manifest.kind.value)
+    if held_identity is not None and held_identity != manifest.previous:
+        raise ChainBroken(
+            "the held weights are not this delta's previous snapshot",
+            identity=manifest.identity,
+            expected=manifest.previous,
+            found=held_identity,
+        )
+    verify_stored_files(snapshot, manifest)
+    device = next(iter(state_dict.values())).device if state_dict else torch.device("cpu")
+    undo: list[_Undo] = []
+    replaced: dict[str, torch.Tensor | None] = {}
+    keep = {t.name for t in manifest.tensors}
+    with ExitStack() as stack:
+        deltas = DeltaFiles(snapshot, manifest, stack)
+        try:
+            for entry in manifest.tensors:
+                _patch_one(state_dict, deltas, entry, device, undo, replaced)
+                _check(state_dict, entry, manifest)
+        except BaseException:
+            for record in reversed(undo):
+                target = words_of(state_dict[record.name])[record.start :]
+                if record.positions is None:
+                    target[: record.values.numel()] = record.values
+                else:
+                    target[record.positions] = record.values
+            for name, before in replaced.items():
+                if before is None:
+                    state_dict.pop(name, None)
+                else:
+                    state_dict[name] = before
+            raise
+    for name in [n for n in state_dict if n not in keep]:
+        del state_dict[name]
+    return manifest
+
+
+def _torch_dtype(entry: TensorEntry) -> torch.dtype:
+    from hotload.snapshot.state_dict import TORCH_DTYPES
+
+    names = {v: k for k, v in TORCH_DTYPES.items()}
+    name = names.get(entry.dtype)
+    if name is None:
+        raise DecodeFailed("no torch dtype for this tensor", tensor=entry.name, dtype=entry.dtype)
+    dtype: torch.dtype = getattr(torch, name)
+    return dtype
+
+
+def _check(
+    state: MutableMapping[str, torch.Tensor], entry: TensorEntry, manifest: Manifest
+) -> None:
+    tensor = state.get(entry.name)
+    if tensor is None:
+        raise ChainBroken("a delta needs a tensor the held weights lack", tensor=entry.name)
+    host = words_of(tensor).cpu().numpy()
+    found = tensor_hash(memoryview(host.view(np.uint8).data))
+    if found != entry.hash:
+        raise ChecksumMismatch(
+            "patched tensor hash differs from the manifest",
+            snapshot=manifest.identity,
+            tensor=entry.name,
+            expected=entry.hash,
+            found=found,
+        )
+
+
+def _to_device(words: np.ndarray, width: int, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(words.view(_NUMPY_SIGNED[width]).copy()).to(device)
+
+
+def _patch_one(
+    state: MutableMapping[str, torch.Tensor],
+    deltas: DeltaFiles,
+    entry: TensorEntry,
+    device: torch.device,
+    undo: list[_Undo],
+    replaced: dict[str, torch.Tensor | None],
+) -> None:
+    if entry.codec is CodecId.UNCHANGED:
+        return
+    if entry.data is None:
+        raise DecodeFailed("codec has no payload", tensor=entry.name, codec=str(entry.codec))
+    width = DTYPES[entry.dtype].width
+    jobs = plan_decode(
+        entry.codec,
+        deltas.read(entry.data),
+        entry.numel,
+        width,
+        tensor=entry.name,
+        changed=entry.changed,
+    )
+    if entry.codec is CodecId.RAW:
+        fresh = np.zeros(entry.numel, dtype=DTYPES[entry.dtype].word)
+        for job in jobs:
+            job.run(fresh[job.start : job.start + job.length])
+        tensor = _to_device(fresh, width, device).view(_torch_dtype(entry)).reshape(entry.shape)
+        replaced.setdefault(entry.name, state.get(entry.name))
+        state[entry.name] = tensor
+        return
+    held = state.get(entry.name)
+    if held is None:
+        raise ChainBroken("a delta needs a tensor the held weights lack", tensor=entry.name)
+    if held.element_size() != width or held.numel() != entry.numel:
+        raise DecodeFailed(
+            "held tensor does not match the delta's dtype and shape",
+            tensor=entry.name,
+            expected=f"{entry.dtype}{entry.shape}",
+            found=f"{held.dtype}{list(held.shape)}",
+        )
+    words = words_of(held)
+    for job in jobs:
+        _apply(entry.name, job, words, width, undo)
+
+
+def _apply(name: str, job: ChunkJob, words: torch.Tensor, width: int, undo: list[_Undo]) -> None:
+    out = words[job.start : job.start + job.length]
+    chunk = job.chunk
+    if isinstance(chunk, sparse.SparseChunk):
+        if not chunk.changes:
+            return
+        positions_np, zig_np = sparse.decode_changes(chunk, tensor=name)
+        positions = torch.from_numpy(positions_np).to(out.device)
+        before = out[positions]
+        undo.append(_Undo(name, job.start, positions, before.clone()))
+        out[positions] = unzigzag_add(before, _zig_to_device(zig_np, width, out.device))
+        return
+    decoded = dense.decode_words(chunk, np.dtype(f"u{width}"), tensor=name)
+    undo.append(_Undo(name, job.start, None, out.clone()))
+    if job.codec is CodecId.DENSE_XOR:
+        out ^= _to_device(decoded, width, out.device)
+    elif job.codec is CodecId.DENSE_SUB:
+        out.copy_(unzigzag_add(out, _zig_to_device(decoded, width, out.device)))
+    else:
+        out.copy_(_to_device(decoded, width, out.device))
+
+
+def _zig_to_device(zig: np.ndarray, width: int, device: torch.device) -> torch.Tensor:
+    """Zigzag words as non-negative int64 (their bits, for width 8) on ``device``."""
+    values = zig.view(np.int64) if width == 8 else zig.astype(np.int64)
+    return torch.from_numpy(values.copy()).to(device)
+
+
+def state_dict_words(state_dict: MutableMapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Every tensor of ``state_dict`` as its flat integer words (views, same device)."""
+    return {name: words_of(tensor) for name, tensor in state_dict.items()}
+
+
+@dataclass(frozen=True)
+class TorchShard:
+    """One shard of a state_dict, as the encoder sees a file: header, words, bytes."""
+
+    relpath: str
+    header: SafetensorsHeader
+    tensors: dict[str, torch.Tensor]
+
+    def words(self, tensor: TensorInfo) -> torch.Tensor:
+        return words_of(self.tensors[tensor.name])
+
+    def raw(self, tensor: TensorInfo) -> memoryview:
+        host = words_of(self.tensors[tensor.name]).cpu().numpy()
+        return memoryview(host.view(np.uint8).data)
+
+
+@dataclass(frozen=True)
+class TorchSource:
+    """A state_dict laid out in shards, without writing it anywhere."""
+
+    shards: dict[str, TorchShard]
+    by_name: dict[str, tuple[TorchShard, TensorInfo]]
+
+    def digest(self) -> str:
+        return tensor_set_digest(
+            (name, tensor_hash(shard.raw(info))) for name, (shard, info) in self.by_name.items()
+        )
+
+
+def torch_source(layout: list[tuple[str, list[tuple[str, torch.Tensor]]]]) -> TorchSource:
+    """The source of shards ``layout`` ((shard name, [(tensor name, tensor)]) in order)."""
+    from hotload.snapshot.safetensors_file import build_header, parse_header
+    from hotload.snapshot.state_dict import safetensors_dtype
+
+    shards: dict[str, TorchShard] = {}
+    by_name: dict[str, tuple[TorchShard, TensorInfo]] = {}
+    for relpath, group in layout:
+        header_bytes, ranges = build_header(
+            [(name, safetensors_dtype(t), tuple(t.shape)) for name, t in group], {"format": "pt"}
+        )
+        size = 8 + len(header_bytes) + (ranges[-1][1] if ranges else 0)
+        header = parse_header(header_bytes, size, source=relpath)
+        shard = TorchShard(relpath, header, {name: t.detach().contiguous() for name, t in group})
+        shards[relpath] = shard
+        for info in header.tensors:
+            by_name[info.name] = (shard, info)
+    return TorchSource(shards, by_name)
