@@ -20,8 +20,15 @@ def test_file_url_is_an_absolute_directory() -> None:
 
 def test_s3_url_splits_bucket_and_prefix() -> None:
     bucket = parse_bucket_url("s3://policies/region-1/run-7/")
-    assert (bucket.scheme, bucket.bucket, bucket.prefix) == (Scheme.S3, "policies", "region-1/run-7")
-    assert bucket.object_key("step-1/hotload-manifest.json") == "region-1/run-7/step-1/hotload-manifest.json"
+    assert (bucket.scheme, bucket.bucket, bucket.prefix) == (
+        Scheme.S3,
+        "policies",
+        "region-1/run-7",
+    )
+    assert (
+        bucket.object_key("step-1/hotload-manifest.json")
+        == "region-1/run-7/step-1/hotload-manifest.json"
+    )
 
 
 def test_s3_url_without_prefix_uses_keys_as_they_are() -> None:
@@ -46,7 +53,9 @@ def test_malformed_bucket_urls_are_config_errors(url: str) -> None:
         parse_bucket_url(url)
 
 
-@pytest.mark.parametrize("key", ["", "/abs", "a//b", "a/../b", "../a", "a/.", "a/b/", "a\\b", "a\x00b"])
+@pytest.mark.parametrize(
+    "key", ["", "/abs", "a//b", "a/../b", "../a", "a/.", "a/b/", "a\\b", "a\x00b"]
+)
 def test_unsafe_keys_are_refused(key: str) -> None:
     with pytest.raises(ConfigError):
         check_key(key)

@@ -6,7 +6,9 @@ from hotload.storage import StorageCredentials
 
 
 def test_repr_and_str_hide_every_field() -> None:
-    credentials = StorageCredentials("AKIDVISIBLE123", "supersecretvalue", session_token="tok-abc-123")
+    credentials = StorageCredentials(
+        "AKIDVISIBLE123", "supersecretvalue", session_token="tok-abc-123"
+    )
     for text in (repr(credentials), str(credentials), f"{credentials}", repr([credentials])):
         assert "AKIDVISIBLE123" not in text
         assert "supersecretvalue" not in text

@@ -25,7 +25,10 @@ from hotload.storage.error_mapping import map_botocore_error, map_os_error
 
 def client_error(code: str, status: int) -> ClientError:
     return ClientError(
-        {"Error": {"Code": code, "Message": f"{code} happened"}, "ResponseMetadata": {"HTTPStatusCode": status}},
+        {
+            "Error": {"Code": code, "Message": f"{code} happened"},
+            "ResponseMetadata": {"HTTPStatusCode": status},
+        },
         "GetObject",
     )
 
@@ -49,8 +52,12 @@ def client_error(code: str, status: int) -> ClientError:
         ("InvalidArgument", 400, StorageRejected),
     ],
 )
-def test_client_errors_map_by_code_then_status(code: str, status: int, expected: type[StorageError]) -> None:
-    mapped = map_botocore_error(client_error(code, status), url="s3://b/p", key="k", operation="get")
+def test_client_errors_map_by_code_then_status(
+    code: str, status: int, expected: type[StorageError]
+) -> None:
+    mapped = map_botocore_error(
+        client_error(code, status), url="s3://b/p", key="k", operation="get"
+    )
     assert type(mapped) is expected
     assert mapped.context["url"] == "s3://b/p"
     assert mapped.context["key"] == "k"

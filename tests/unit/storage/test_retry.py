@@ -36,11 +36,15 @@ async def test_transient_failures_are_retried_until_success() -> None:
     policy = RetryPolicy(attempts=5, base_delay=1.0, max_delay=8.0, rng=random.Random(1))
     loop = asyncio.get_running_loop()
     started = loop.time()
-    result = await call_with_retry(flaky, policy, what="test", on_retry=lambda _, n: retries.append(n))
+    result = await call_with_retry(
+        flaky, policy, what="test", on_retry=lambda _, n: retries.append(n)
+    )
     assert result == "ok"
     assert calls == 4
     assert retries == [1, 2, 3]
-    assert 0.0 < loop.time() - started <= 1.0 + 2.0 + 4.0  # slept on the fake clock, within ceilings
+    assert (
+        0.0 < loop.time() - started <= 1.0 + 2.0 + 4.0
+    )  # slept on the fake clock, within ceilings
 
 
 @pytest.mark.looptime
