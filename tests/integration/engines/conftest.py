@@ -4,6 +4,7 @@ snapshots a trainer would publish for it, built from the same config."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -12,7 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -24,11 +25,17 @@ START_DEADLINE_S: Final = 120.0
 ENGINE_HOST: Final = "127.0.0.1"
 
 
+#: Token ids the tests fingerprint the served weights with (BOS "Hotload").
+PROBE: Final = (256, 72, 111, 116, 108, 111, 97, 100)
+
+
 @dataclass
 class EngineProcess:
     base_url: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    started_as: dict[str, str] = field(default_factory=dict)
+    """identity, logits and weights digests right after start, before any test loads."""
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -42,19 +49,28 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def start_engine(workdir: Path, *extra: str) -> EngineProcess:
-    """Start ``hotload engine reference`` and return once ``/health`` answers."""
-    port = free_port()
+def _fetch(url: str, body: object = None) -> dict[str, str]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        result: dict[str, str] = json.loads(answer.read())
+        return result
+
+
+def start_engine(workdir: Path, *extra: str, host: str = ENGINE_HOST) -> EngineProcess:
+    """Start ``hotload engine reference`` with ``POD_IP=host``; return once ``/health``
+    answers, with what it served at that moment recorded."""
+    port = free_port(host)
     log_path = workdir / f"engine-{port}.log"
     hotload = shutil.which("hotload", path=str(Path(sys.executable).parent)) or "hotload"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [hotload, "engine", "reference", "--port", str(port), "--model-config", "tiny", *extra],
-            env={**os.environ, "POD_IP": ENGINE_HOST, "HOTLOAD_LOG_LEVEL": "INFO"},
+            env={**os.environ, "POD_IP": host, "HOTLOAD_LOG_LEVEL": "INFO"},
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-    engine = EngineProcess(f"http://{ENGINE_HOST}:{port}", process, log_path)
+    engine = EngineProcess(f"http://{host}:{port}", process, log_path)
     deadline = time.monotonic() + START_DEADLINE_S
     while not _healthy(engine.base_url):
         if process.poll() is not None:
@@ -65,6 +81,13 @@ def start_engine(workdir: Path, *extra: str) -> EngineProcess:
                 f"the engine did not answer in {START_DEADLINE_S} s:\n{engine.log_tail()}"
             )
         time.sleep(0.2)
+    logits = _fetch(f"{engine.base_url}/admin/logits", {"prompt_token_ids": list(PROBE)})
+    weights = _fetch(f"{engine.base_url}/admin/weights_digest")
+    engine.started_as = {
+        "identity": _fetch(f"{engine.base_url}/admin/identity")["identity"],
+        "logits": logits["sha256"],
+        "weights": weights["sha256"],
+    }
     return engine
 
 

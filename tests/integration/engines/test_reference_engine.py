@@ -23,9 +23,10 @@ from hotload.engines import PauseMode, ReferenceEngine
 from hotload.engines import reference_model as rm
 from hotload.engines.reference_weights import merge_lora
 from hotload.errors import EngineRejected
-from tests.integration.engines.conftest import EngineProcess
+from tests.integration.engines.conftest import PROBE as CONFTEST_PROBE
+from tests.integration.engines.conftest import EngineProcess, start_engine, stop_engine
 
-PROBE = [256, 72, 111, 116, 108, 111, 97, 100]  # BOS "Hotload"
+PROBE = list(CONFTEST_PROBE)
 Publish = Callable[[str, int], Path]
 
 
@@ -76,17 +77,29 @@ async def served_digests(engine: ReferenceEngine) -> tuple[str, str, str]:
     return logits["identity"], logits["sha256"], weights["sha256"]
 
 
-async def test_starts_on_the_seeded_init_bit_for_bit(
-    engine: ReferenceEngine, tmp_path: Path
+def test_starts_on_the_seeded_init_bit_for_bit(
+    reference_engine: EngineProcess, tmp_path: Path
 ) -> None:
-    fresh = ReferenceEngine(engine.base_url)
-    # the first test of the module sees the process as it started
-    identity = await fresh.served_identity()
-    await fresh.aclose()
-    if identity != "init":
-        pytest.fail(f"the engine should start on 'init', serves {identity!r}")
     init = rm.save_snapshot(rm.build_model(rm.build_config("tiny"), seed=0), tmp_path / "init")
-    assert await served_digests(engine) == ("init", *expected_digests(init))
+    logits, weights = expected_digests(init)
+    assert reference_engine.started_as == {"identity": "init", "logits": logits, "weights": weights}
+
+
+def test_starts_on_given_weights_and_binds_only_the_pod_ip(
+    publish: Publish, tmp_path: Path
+) -> None:
+    """``--weights`` serves a snapshot from the start; the server listens on $POD_IP only."""
+    engine = start_engine(
+        tmp_path, "--weights", str(publish("step-1", 1)), "--identity", "step-1", host="127.0.0.2"
+    )
+    try:
+        logits, weights = expected_digests(publish("step-1", 1))
+        assert engine.started_as == {"identity": "step-1", "logits": logits, "weights": weights}
+        port = int(engine.base_url.rsplit(":", 1)[1])
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+    finally:
+        stop_engine(engine)
 
 
 async def test_loaded_snapshot_is_served_bit_exact_and_named_in_every_response(
