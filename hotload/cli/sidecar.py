@@ -28,6 +28,7 @@ def config_from_env(
     *,
     port: int,
     download_concurrency: int,
+    download_part_size: int,
     hold_timeout_s: float,
 ) -> AgentConfig:
     """The agent's config from the pod contract's environment (``ConfigError`` if short)."""
@@ -69,6 +70,7 @@ def config_from_env(
         serve_http=True,
         http_port=port,
         download_concurrency=download_concurrency,
+        download_part_size=download_part_size,
         hold_timeout_s=hold_timeout_s,
     )
 
@@ -109,6 +111,12 @@ def sidecar(
     download_concurrency: int = typer.Option(
         8, "--download-concurrency", min=1, help="Parallel ranged reads per file."
     ),
+    download_part_size: int = typer.Option(
+        8 * 1024 * 1024,
+        "--download-part-size",
+        min=4096,
+        help="Bytes per ranged read (a killed download resumes by parts).",
+    ),
     hold_timeout: float = typer.Option(
         120.0, "--hold-timeout", min=0.1, help="ASYNC: seconds a new request may wait for a swap."
     ),
@@ -119,6 +127,7 @@ def sidecar(
         environ,
         port=port,
         download_concurrency=download_concurrency,
+        download_part_size=download_part_size,
         hold_timeout_s=hold_timeout,
     )
     asyncio.run(_run(environ, config))

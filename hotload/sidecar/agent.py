@@ -502,6 +502,7 @@ class SidecarAgent:
                 self.staging,
                 self._metrics,
                 concurrency=self.config.download_concurrency,
+                part_size=self.config.download_part_size,
                 decode_threads=self.config.decode_threads,
                 on_phase=self._set_phase,
                 on_bytes=self._set_bytes,

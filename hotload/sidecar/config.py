@@ -49,6 +49,8 @@ class AgentConfig:
     http_port: int = SIDECAR_PORT
     download_concurrency: int = 8
     """Parallel ranged reads per file."""
+    download_part_size: int = 8 * 1024 * 1024
+    """Bytes per ranged read: the unit a killed download resumes from."""
     decode_threads: int = 2
     """Threads decoding a delta's chunks (beside serving: keep it below the core count)."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)

@@ -109,6 +109,7 @@ class SnapshotLoader:
         metrics: AgentMetrics,
         *,
         concurrency: int,
+        part_size: int,
         decode_threads: int,
         on_phase: Callable[[Phase], None],
         on_bytes: Callable[[int, int], None],
@@ -117,6 +118,7 @@ class SnapshotLoader:
         self.staging = staging
         self.metrics = metrics
         self.concurrency = concurrency
+        self.part_size = part_size
         self.decode_threads = decode_threads
         self._on_phase = on_phase
         self._on_bytes = on_bytes
@@ -216,6 +218,7 @@ class SnapshotLoader:
                     dest,
                     expected_size=entry.size,
                     concurrency=self.concurrency,
+                    part_size=self.part_size,
                     progress=progress_for(key),
                 )
             timings.fetched_bytes += result.fetched_bytes

@@ -141,6 +141,7 @@ class Replica:
     engine: subprocess.Popen[bytes] | None = None
     sidecar: subprocess.Popen[bytes] | None = None
     sidecar_starts: int = 0
+    sidecar_args: tuple[str, ...] = ()
 
     @property
     def front(self) -> str:
@@ -300,6 +301,7 @@ class SidecarHarness:
         deployment: str,
         *,
         credentials: Mapping[str, str] | None = None,
+        sidecar_args: tuple[str, ...] = (),
         start: bool = True,
     ) -> Replica:
         """A pod with its RBAC, token and (unless ``start=False``) engine and sidecar."""
@@ -326,7 +328,7 @@ class SidecarHarness:
             "HOTLOAD_LOG_LEVEL": "DEBUG",
             **(credentials or {}),
         }
-        replica = Replica(name, ip, uid, root, env, logs)
+        replica = Replica(name, ip, uid, root, env, logs, sidecar_args=sidecar_args)
         self.replicas.append(replica)
         if start:
             await self.start_engine(replica)
@@ -372,7 +374,7 @@ class SidecarHarness:
     async def start_sidecar(self, replica: Replica) -> None:
         replica.sidecar_starts += 1
         replica.sidecar = subprocess.Popen(
-            [HOTLOAD, "sidecar"],
+            [HOTLOAD, "sidecar", *replica.sidecar_args],
             env=replica.env,
             stdout=(replica.logs / f"{replica.pod}-sidecar.log").open("ab"),
             stderr=subprocess.STDOUT,
@@ -448,6 +450,13 @@ class SidecarHarness:
             raise AssertionError(
                 f"{err}\n--- sidecar log ---\n{self.log(replica, 'sidecar')}"
             ) from None
+
+    async def engine_identity(self, replica: Replica) -> dict[str, Any]:
+        async with httpx.AsyncClient() as client:
+            response = await client.get(f"{replica.engine_url}/admin/identity", timeout=10)
+            response.raise_for_status()
+            body: dict[str, Any] = response.json()
+            return body
 
     async def engine_logits(self, replica: Replica, tokens: tuple[int, ...]) -> dict[str, Any]:
         async with httpx.AsyncClient() as client:
