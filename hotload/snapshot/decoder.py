@@ -31,6 +31,7 @@ from hotload.snapshot.codec.tensor_codec import ChunkJob, needs_previous, plan_d
 from hotload.snapshot.delta_files import DeltaFiles
 from hotload.snapshot.digest import file_digest, tensor_hash, tensor_set_digest
 from hotload.snapshot.dtypes import DTYPES
+from hotload.snapshot.in_place import can_patch_in_place, rebuild_in_place, record_bytes
 from hotload.snapshot.layout import CONFIG, REBUILT_NAME, check_config_change, scan
 from hotload.snapshot.limits import DEFAULT_CHUNK_ELEMENTS
 from hotload.snapshot.manifest import (
@@ -75,15 +76,7 @@ def read_rebuilt_record(directory: Path) -> dict[str, object] | None:
 
 
 def _record(manifest: Manifest, digest: str) -> bytes:
-    return json.dumps(
-        {
-            "identity": manifest.identity,
-            "step": manifest.step,
-            "kind": manifest.kind.value,
-            "tensorDigest": digest,
-        },
-        separators=(",", ":"),
-    ).encode()
+    return record_bytes(manifest, digest)
 
 
 def rebuild(
@@ -93,6 +86,7 @@ def rebuild(
     *,
     threads: int = 1,
     verify_previous: bool = False,
+    consume_previous: bool = False,
 ) -> RebuildResult:
     """Rebuild the full directory of ``snapshot`` into ``out`` (absent or empty), verified.
 
@@ -100,18 +94,35 @@ def rebuild(
     Full and LoRA). ``threads`` decode chunks in parallel; memory beyond the output is
     one chunk per thread. ``verify_previous`` hashes the previous tensors even when the
     previous directory carries the decoder's record of what it holds.
+
+    ``consume_previous`` lets the decoder patch the previous directory's files in place
+    and rename it to ``out`` (docs/snapshot-format.md, "Rebuilding in place"): much
+    faster, and ``previous`` is gone afterwards — unless the rebuild fails, which
+    restores it exactly. It applies when every shard keeps its path and header;
+    otherwise the rebuild is a fresh copy as without it.
     """
     manifest = read_manifest(snapshot)
     verify_stored_files(snapshot, manifest)
     digest = tensor_set_digest((t.name, t.hash) for t in manifest.tensors)
+    incremental = manifest.kind is SnapshotKind.INCREMENTAL
+    if incremental and previous is None:
+        raise ChainBroken(
+            "an incremental snapshot needs its previous snapshot",
+            identity=manifest.identity,
+            previous=manifest.previous,
+        )
+    in_place = consume_previous and previous is not None and incremental
+    if in_place and previous is not None and can_patch_in_place(previous, manifest):
+        _check_previous_directory(previous, manifest, verify_previous)
+        rebuild_in_place(previous, snapshot, out, manifest, _record(manifest, digest))
+        files = sum(1 for p in out.rglob("*") if p.is_file())
+        log.info(
+            "snapshot rebuilt in place",
+            extra={"identity": manifest.identity, "out": str(out)},
+        )
+        return RebuildResult(manifest, out, manifest.tensor_bytes(), files)
     with staged_directory(out) as staging:
-        if manifest.kind is SnapshotKind.INCREMENTAL:
-            if previous is None:
-                raise ChainBroken(
-                    "an incremental snapshot needs its previous snapshot",
-                    identity=manifest.identity,
-                    previous=manifest.previous,
-                )
+        if incremental and previous is not None:
             _rebuild_incremental(previous, snapshot, staging, manifest, threads, verify_previous)
         else:
             _rebuild_complete(snapshot, staging, manifest)
@@ -207,15 +218,7 @@ def _check_previous(previous: Path, manifest: Manifest, index: TensorIndex, veri
         )
 
 
-def _rebuild_incremental(
-    previous: Path,
-    snapshot: Path,
-    staging: Path,
-    manifest: Manifest,
-    threads: int,
-    verify_previous: bool,
-) -> None:
-    before = scan(previous)
+def _check_referenced(previous: Path, manifest: Manifest) -> None:
     for entry in manifest.referenced:
         source = inside(previous, entry.path)
         if (
@@ -228,7 +231,28 @@ def _rebuild_incremental(
                 identity=manifest.identity,
                 file=entry.path,
             )
-        copy_file(source, inside(staging, entry.path))
+
+
+def _check_previous_directory(previous: Path, manifest: Manifest, verify: bool) -> None:
+    """The checks of the previous directory a rebuild makes before touching anything."""
+    _check_referenced(previous, manifest)
+    before = scan(previous)
+    with mapped_shards(previous, before.shards) as old:
+        _check_previous(previous, manifest, old, verify)
+
+
+def _rebuild_incremental(
+    previous: Path,
+    snapshot: Path,
+    staging: Path,
+    manifest: Manifest,
+    threads: int,
+    verify_previous: bool,
+) -> None:
+    before = scan(previous)
+    _check_referenced(previous, manifest)
+    for entry in manifest.referenced:
+        copy_file(inside(previous, entry.path), inside(staging, entry.path))
     for entry in manifest.files:
         target = inside(staging, entry.path)
         copy_file(inside(snapshot, entry.path), target)

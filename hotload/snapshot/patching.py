@@ -84,7 +84,7 @@ def patch_tensors(
         deltas = DeltaFiles(snapshot, manifest, stack)
         try:
             for entry in manifest.tensors:
-                undo.extend(_patch_one(tensors, deltas, entry))
+                _patch_one(tensors, deltas, entry, undo)
                 _check_patched(tensors, entry, manifest)
         except BaseException:
             for record in reversed(undo):
@@ -112,10 +112,17 @@ def _check_patched(
 
 
 def _patch_one(
-    tensors: MutableMapping[str, np.ndarray], deltas: DeltaFiles, entry: TensorEntry
-) -> list[_Undo]:
+    tensors: MutableMapping[str, np.ndarray],
+    deltas: DeltaFiles,
+    entry: TensorEntry,
+    undo: list[_Undo],
+    *,
+    raw_in_place: bool = False,
+) -> None:
+    """Patch one tensor, appending to ``undo`` before each change (so a failure midway
+    can still be undone)."""
     if entry.codec is CodecId.UNCHANGED:
-        return []
+        return
     if entry.data is None:
         raise DecodeFailed("codec has no payload", tensor=entry.name, codec=str(entry.codec))
     payload = deltas.read(entry.data)
@@ -128,32 +135,33 @@ def _patch_one(
         tensor=entry.name,
         changed=entry.changed,
     )
-    if entry.codec is CodecId.RAW:
+    if entry.codec is CodecId.RAW and not raw_in_place:
         fresh = np.empty(entry.numel, dtype=dtype.word)
         for job in jobs:
             job.run(fresh[job.start : job.start + job.length])
-        before = tensors.get(entry.name)
+        undo.append(_Undo(entry.name, fresh, None, None, tensors.get(entry.name)))
         tensors[entry.name] = fresh
-        return [_Undo(entry.name, fresh, None, None, before)]
+        return
     if entry.name not in tensors:
         raise ChainBroken("a delta needs a tensor the held weights lack", tensor=entry.name)
     words = words_of(tensors[entry.name], entry)
-    return [_apply(entry.name, job, words) for job in jobs]
+    for job in jobs:
+        _apply(entry.name, job, words, undo)
 
 
-def _apply(name: str, job: ChunkJob, words: np.ndarray) -> _Undo:
+def _apply(name: str, job: ChunkJob, words: np.ndarray, undo: list[_Undo]) -> None:
+    """Apply one chunk, recording what it overwrites first."""
     out = words[job.start : job.start + job.length]
     chunk = job.chunk
     if isinstance(chunk, sparse.SparseChunk):
         if not chunk.changes:
-            return _Undo(name, out, np.zeros(0, np.int64), out[:0].copy(), None)
+            return
         positions, values = sparse.decode_changes(chunk, tensor=name)
-        record = _Undo(name, out, positions, out[positions], None)
+        undo.append(_Undo(name, out, positions, out[positions], None))
         out[positions] += unzigzag(values)
-        return record
-    record = _Undo(name, out, None, out.copy(), None)
+        return
+    undo.append(_Undo(name, out, None, out.copy(), None))
     job.run(out)
-    return record
 
 
 def _revert(tensors: MutableMapping[str, np.ndarray], record: _Undo) -> None:
