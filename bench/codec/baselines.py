@@ -55,7 +55,9 @@ def sparse_scheme(xor: np.ndarray, previous: np.ndarray, current: np.ndarray) ->
     where = np.cumsum(decoded_gaps, dtype=np.int64)
     rebuilt[where] ^= values
     seconds = time.perf_counter() - start
-    return Measured(len(gap_frame) + len(value_frame), seconds, bool(np.array_equal(rebuilt, current)))
+    return Measured(
+        len(gap_frame) + len(value_frame), seconds, bool(np.array_equal(rebuilt, current))
+    )
 
 
 def zipnn_full(words: np.ndarray) -> Measured | None:

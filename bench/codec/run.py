@@ -80,8 +80,13 @@ def measure_pair(previous: Path, current: Path, work: Path, label: str) -> dict[
         shutil.rmtree(snapshot, ignore_errors=True)
         result, seconds = timed(
             lambda threads=threads: encode(
-                previous, current, snapshot, identity="cur", step=1,
-                previous_identity="prev", threads=threads,
+                previous,
+                current,
+                snapshot,
+                identity="cur",
+                step=1,
+                previous_identity="prev",
+                threads=threads,
             )
         )
         encode_seconds[threads] = seconds
@@ -100,15 +105,24 @@ def measure_pair(previous: Path, current: Path, work: Path, label: str) -> dict[
     for threads in (1, 2):
         out = work / "rebuilt"
         shutil.rmtree(out, ignore_errors=True)
-        _, seconds = timed(lambda threads=threads, out=out: rebuild(previous, snapshot, out, threads=threads))
+        _, seconds = timed(
+            lambda threads=threads, out=out: rebuild(previous, snapshot, out, threads=threads)
+        )
         decode_seconds[threads] = seconds
         exact &= (out / "model.safetensors").read_bytes() == expected
         shutil.rmtree(out)
+    victim = work / "victim"
+    shutil.copytree(previous, victim)
+    out = work / "rebuilt"
+    _, consume_seconds = timed(lambda: rebuild(victim, snapshot, out, consume_previous=True))
+    exact &= (out / "model.safetensors").read_bytes() == expected and not victim.exists()
+    shutil.rmtree(out)
     held = {name: words.copy() for name, words in old.items()}
     _, patch_seconds = timed(lambda: patch_tensors(held, snapshot))
     exact &= all(np.array_equal(held[n], new[n]) for n in new)
     row["decodeMBps"] = {str(t): full / s / MB for t, s in decode_seconds.items()}
     row["patchInPlaceMBps"] = full / patch_seconds / MB
+    row["rebuildInPlaceMBps"] = full / consume_seconds / MB
     row["bitExact"] = exact
 
     sparse = baselines.sparse_scheme(xor, p, c)
@@ -174,6 +188,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "decodeMBps1": median(rows, "decodeMBps", "1"),
         "decodeMBps2": median(rows, "decodeMBps", "2"),
         "patchInPlaceMBps": median(rows, "patchInPlaceMBps"),
+        "rebuildInPlaceMBps": median(rows, "rebuildInPlaceMBps"),
         "sparseSchemeDecodeMBps": median(rows, "baselines", "sparseScheme", "decodeMBps"),
         "allBitExact": all(row["bitExact"] for row in rows),
     }
@@ -210,7 +225,9 @@ def main() -> None:
     parser.add_argument("--gap", type=int, default=25)
     parser.add_argument("--lrs", default="1e-6,1e-5")
     parser.add_argument("--out", type=Path, default=HERE)
-    parser.add_argument("--work", type=Path, default=None, help="Scratch directory (default: a temp dir).")
+    parser.add_argument(
+        "--work", type=Path, default=None, help="Scratch directory (default: a temp dir)."
+    )
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="hotload-bench-"))
     started = datetime.now(UTC)
@@ -233,18 +250,23 @@ def main() -> None:
             scratch.mkdir()
             adjacent = []
             for i in range(1, len(snapshots)):
-                adjacent.append(measure_pair(snapshots[i - 1], snapshots[i], scratch, f"{i - 1}->{i}"))
+                adjacent.append(
+                    measure_pair(snapshots[i - 1], snapshots[i], scratch, f"{i - 1}->{i}")
+                )
                 row = adjacent[-1]
                 print(
                     f"  {row['pair']}: changed {100 * row['changedFraction']:.3f}%  "
-                    f"ratio {row['ratio']:.1f}x  sparse {row['baselines']['sparseScheme']['ratio']:.1f}x  "
+                    f"ratio {row['ratio']:.1f}x  "
+                    f"sparse {row['baselines']['sparseScheme']['ratio']:.1f}x  "
                     f"order0 {row['boundRatio']['order0']:.1f}x  exact {row['bitExact']}",
                     flush=True,
                 )
             gapped = []
             for i in range(0, len(snapshots) - args.gap):
                 gapped.append(
-                    measure_pair(snapshots[i], snapshots[i + args.gap], scratch, f"{i}->{i + args.gap}")
+                    measure_pair(
+                        snapshots[i], snapshots[i + args.gap], scratch, f"{i}->{i + args.gap}"
+                    )
                 )
             results["runs"][lr_text] = {
                 "fullBaselines": full_baselines(snapshots[1]),
@@ -269,9 +291,12 @@ def render(results: dict[str, Any]) -> str:
         "",
         f"Command: `{results['command']}` (from the repository root; {results['seconds']} s).",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memoryGiB']} GiB; {m['platform']}; "
-        f"Python {m['python']}, numpy {m['numpy']}, zstandard {m['zstandard']}, torch {m['torch']}. "
+        f"Python {m['python']}, numpy {m['numpy']}, zstandard {m['zstandard']}, "
+        f"torch {m['torch']}. "
         f"Load average before/after: {m['loadAverage'][0]:.2f} / {m['loadAverageAfter'][0]:.2f} "
         "(a shared machine: throughput figures are lower bounds).",
+        "Rebuilds write to the scratch directory's filesystem (`--work`; default the system "
+        "temp dir).",
         f"Data: {results['model']}, Adam, {results['steps']} steps per learning rate, "
         f"a snapshot after every step; adjacent pairs and {results['gap']}-step gaps. "
         "Medians over pairs. Ratio = full tensor bytes / every stored byte (manifest "
@@ -286,8 +311,9 @@ def render(results: dict[str, Any]) -> str:
         lines += [
             "| pairs | changed | ours | sparse scheme | zstd XOR | ours / sparse | "
             "order-0 bound | exp.-cond. bound | changed-limit | min ours / order-0 | "
-            "encode 1t / 2t MB/s | rebuild 1t / 2t MB/s | patch in place MB/s | bit-exact |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "encode 1t / 2t MB/s | rebuild 1t / 2t MB/s | rebuild in place MB/s | "
+            "patch held arrays MB/s | bit-exact |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for name in ("adjacent", "gap"):
             s = run[name]["summary"]
@@ -295,10 +321,12 @@ def render(results: dict[str, Any]) -> str:
             lines.append(
                 f"| {label} ({s['pairs']}) | {100 * s['changedFraction']:.3f}% | "
                 f"{s['ratio']:.1f}x | {s['sparseSchemeRatio']:.1f}x | {s['zstdXorRatio']:.1f}x | "
-                f"{s['vsSparse']:.2f} | {s['order0BoundRatio']:.1f}x | {s['exponentBoundRatio']:.1f}x | "
+                f"{s['vsSparse']:.2f} | {s['order0BoundRatio']:.1f}x | "
+                f"{s['exponentBoundRatio']:.1f}x | "
                 f"{s['changedLimitRatio']:.1f}x | {s['minVsOrder0']:.2f} | "
                 f"{s['encodeMBps1']:.0f} / {s['encodeMBps2']:.0f} | "
-                f"{s['decodeMBps1']:.0f} / {s['decodeMBps2']:.0f} | {s['patchInPlaceMBps']:.0f} | "
+                f"{s['decodeMBps1']:.0f} / {s['decodeMBps2']:.0f} | "
+                f"{s['rebuildInPlaceMBps']:.0f} | {s['patchInPlaceMBps']:.0f} | "
                 f"{'yes' if s['allBitExact'] else 'NO'} |"
             )
         fb = run["fullBaselines"]
@@ -310,16 +338,22 @@ def render(results: dict[str, Any]) -> str:
         lines += ["", f"Full-snapshot baselines (step 1): {extra}.", ""]
     adjacent = results["runs"].get("1e-6", {}).get("adjacent", {}).get("summary")
     if adjacent:
+        in_place = max(adjacent["rebuildInPlaceMBps"], adjacent["patchInPlaceMBps"])
         lines += [
             "## Targets (lr 1e-6, adjacent steps)",
             "",
-            f"- ratio ≥ 80x: {adjacent['ratio']:.1f}x — {'met' if adjacent['ratio'] >= 80 else 'NOT met'}",
+            f"- ratio ≥ 80x: {adjacent['ratio']:.1f}x — "
+            f"{'met' if adjacent['ratio'] >= 80 else 'NOT met'}",
             f"- ≥ 1.1x the sparse scheme: {adjacent['vsSparse']:.2f}x — "
             f"{'met' if adjacent['vsSparse'] >= 1.1 else 'NOT met'}",
-            f"- within 25% of the order-0 bound on every pair: worst {adjacent['minVsOrder0']:.2f} — "
+            "- within 25% of the order-0 bound on every pair: worst "
+            f"{adjacent['minVsOrder0']:.2f} — "
             f"{'met' if adjacent['minVsOrder0'] >= 0.75 else 'NOT met'}",
-            f"- decode ≥ 2 GB/s per core: rebuild {adjacent['decodeMBps1']:.0f} MB/s, in place "
-            f"{adjacent['patchInPlaceMBps']:.0f} MB/s (one thread, verification included)",
+            f"- decode ≥ 2 GB/s per core (one thread, verification included): fresh rebuild "
+            f"{adjacent['decodeMBps1']:.0f} MB/s, rebuild in place "
+            f"{adjacent['rebuildInPlaceMBps']:.0f} MB/s, patching held arrays "
+            f"{adjacent['patchInPlaceMBps']:.0f} MB/s — "
+            f"{'met' if in_place >= 2000 else 'NOT met'} in place",
             f"- every decode bit-exact: {'yes' if adjacent['allBitExact'] else 'NO'}",
             "",
         ]

@@ -15,15 +15,38 @@ import shutil
 from pathlib import Path
 
 FACTS = [
-    ("France", "Paris"), ("Japan", "Tokyo"), ("Italy", "Rome"), ("Spain", "Madrid"),
-    ("Germany", "Berlin"), ("Canada", "Ottawa"), ("Egypt", "Cairo"), ("Kenya", "Nairobi"),
-    ("Peru", "Lima"), ("Chile", "Santiago"), ("Norway", "Oslo"), ("Sweden", "Stockholm"),
-    ("Poland", "Warsaw"), ("Greece", "Athens"), ("Turkey", "Ankara"), ("India", "New Delhi"),
-    ("China", "Beijing"), ("Brazil", "Brasilia"), ("Mexico", "Mexico City"), ("Cuba", "Havana"),
-    ("Ireland", "Dublin"), ("Portugal", "Lisbon"), ("Austria", "Vienna"), ("Hungary", "Budapest"),
-    ("Finland", "Helsinki"), ("Denmark", "Copenhagen"), ("Thailand", "Bangkok"),
-    ("Vietnam", "Hanoi"), ("Argentina", "Buenos Aires"), ("Colombia", "Bogota"),
-    ("Morocco", "Rabat"), ("Ghana", "Accra"),
+    ("France", "Paris"),
+    ("Japan", "Tokyo"),
+    ("Italy", "Rome"),
+    ("Spain", "Madrid"),
+    ("Germany", "Berlin"),
+    ("Canada", "Ottawa"),
+    ("Egypt", "Cairo"),
+    ("Kenya", "Nairobi"),
+    ("Peru", "Lima"),
+    ("Chile", "Santiago"),
+    ("Norway", "Oslo"),
+    ("Sweden", "Stockholm"),
+    ("Poland", "Warsaw"),
+    ("Greece", "Athens"),
+    ("Turkey", "Ankara"),
+    ("India", "New Delhi"),
+    ("China", "Beijing"),
+    ("Brazil", "Brasilia"),
+    ("Mexico", "Mexico City"),
+    ("Cuba", "Havana"),
+    ("Ireland", "Dublin"),
+    ("Portugal", "Lisbon"),
+    ("Austria", "Vienna"),
+    ("Hungary", "Budapest"),
+    ("Finland", "Helsinki"),
+    ("Denmark", "Copenhagen"),
+    ("Thailand", "Bangkok"),
+    ("Vietnam", "Hanoi"),
+    ("Argentina", "Buenos Aires"),
+    ("Colombia", "Bogota"),
+    ("Morocco", "Rabat"),
+    ("Ghana", "Accra"),
 ]
 QUESTIONS = ["What is the capital of {c}?", "Which city is the seat of government of {c}?"]
 ANSWERS = ["{k} is the capital of {c}.", "The government of {c} sits in {k}."]
@@ -43,7 +66,10 @@ def pairs(step: int, batch: int) -> list[tuple[str, str]]:
         country, capital = FACTS[(step * batch + i) % len(FACTS)]
         variant = (step + i) % 2
         out.append(
-            (QUESTIONS[variant].format(c=country), ANSWERS[1 - variant].format(c=country, k=capital))
+            (
+                QUESTIONS[variant].format(c=country),
+                ANSWERS[1 - variant].format(c=country, k=capital),
+            )
         )
     return out
 
@@ -85,7 +111,9 @@ def fine_tune(out: Path, *, lr: float, steps: int, batch: int = 16, seed: int = 
     save_snapshot(model.state_dict(), source, snapshots[0])
 
     def embed(texts: list[str]) -> torch.Tensor:
-        encoded = tokenizer(texts, padding=True, truncation=True, max_length=32, return_tensors="pt")
+        encoded = tokenizer(
+            texts, padding=True, truncation=True, max_length=32, return_tensors="pt"
+        )
         hidden = model(**encoded).last_hidden_state
         mask = encoded["attention_mask"].unsqueeze(-1).float()
         pooled = (hidden * mask).sum(1) / mask.sum(1)
