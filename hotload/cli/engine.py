@@ -64,13 +64,16 @@ def reference(
 ) -> None:
     """Serve the reference engine (OpenAI-compatible, hot-swappable weights)."""
     import asyncio
+    import os
 
     import torch
     import uvicorn
 
+    from hotload.api.pod import ENV_ROOT
     from hotload.engines import reference_model as rm
     from hotload.engines.reference_app import create_app
     from hotload.engines.reference_runtime import INITIAL_IDENTITY, ReferenceRuntime
+    from hotload.mounts import root_from
 
     if threads:
         torch.set_num_threads(threads)
@@ -84,7 +87,11 @@ def reference(
         raise typer.BadParameter("--identity names --weights; without them the identity is 'init'")
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(runtime, served_name=served_name),
+            create_app(
+                runtime,
+                served_name=served_name,
+                root=root_from(os.environ.get(ENV_ROOT)),
+            ),
             host=host or "0.0.0.0",
             port=port,
             log_config=None,

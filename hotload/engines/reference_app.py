@@ -20,6 +20,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from hotload.engines.reference_schemas import (
     ResetCacheRequest,
 )
 from hotload.errors import EngineBusy, EngineRejected
+from hotload.mounts import host_path
 
 DEFAULT_MAX_TOKENS = 16
 
@@ -56,8 +58,15 @@ def _sse(payload: dict[str, Any] | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-def create_app(runtime: ReferenceRuntime, *, served_name: str) -> FastAPI:
-    """The FastAPI app over ``runtime``."""
+def create_app(
+    runtime: ReferenceRuntime, *, served_name: str, root: Path | None = None
+) -> FastAPI:
+    """The FastAPI app over ``runtime``.
+
+    ``root`` is the pod's ``HOTLOAD_ROOT`` under the local runtime: the sidecar hands over
+    paths under the staging mount, and they are mapped to this host through
+    :func:`hotload.mounts.host_path` (the one place mount paths are mapped).
+    """
     app = FastAPI(title="hotload reference engine", docs_url=None, redoc_url=None)
 
     @app.exception_handler(EngineRejected)
@@ -124,10 +133,11 @@ def create_app(runtime: ReferenceRuntime, *, served_name: str) -> FastAPI:
             texts: list[str] = []
             ids: list[int] = []
             finish: str | None = None
-            async for token in runtime.generate(request, stats):
-                texts.append(token.text)
-                ids.append(token.token_id)
-                finish = token.finish_reason
+            async with aclosing(runtime.generate(request, stats)) as tokens:
+                async for token in tokens:
+                    texts.append(token.text)
+                    ids.append(token.token_id)
+                    finish = token.finish_reason
             return {
                 "id": completion_id,
                 "object": obj,
@@ -141,21 +151,24 @@ def create_app(runtime: ReferenceRuntime, *, served_name: str) -> FastAPI:
 
         async def events() -> AsyncIterator[bytes]:
             chunk_obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-            async for token in runtime.generate(request, stats):
-                payload: dict[str, Any] = {
-                    "id": completion_id,
-                    "object": chunk_obj,
-                    "created": created,
-                    "model": served_name,
-                    "choices": [
-                        choice(token.text, token.finish_reason, [token.token_id], chunk=True)
-                    ],
-                    "hotload_identity": token.identity,
-                    "hotload_identities": [token.identity],
-                }
-                if token.finish_reason:
-                    payload["usage"] = _usage(stats)
-                yield _sse(payload)
+            # aclosing: a client that goes away ends the generation at once (and its
+            # slot, which a WAIT pause counts), not whenever the generator is collected
+            async with aclosing(runtime.generate(request, stats)) as tokens:
+                async for token in tokens:
+                    payload: dict[str, Any] = {
+                        "id": completion_id,
+                        "object": chunk_obj,
+                        "created": created,
+                        "model": served_name,
+                        "choices": [
+                            choice(token.text, token.finish_reason, [token.token_id], chunk=True)
+                        ],
+                        "hotload_identity": token.identity,
+                        "hotload_identities": [token.identity],
+                    }
+                    if token.finish_reason:
+                        payload["usage"] = _usage(stats)
+                    yield _sse(payload)
             yield _sse("[DONE]")
 
         return StreamingResponse(
@@ -183,7 +196,7 @@ def create_app(runtime: ReferenceRuntime, *, served_name: str) -> FastAPI:
 
     @app.post("/admin/load")
     async def load(body: LoadRequest) -> dict[str, Any]:
-        report = await runtime.load(Path(body.path), body.identity, body.kind)
+        report = await runtime.load(host_path(body.path, root), body.identity, body.kind)
         return {
             "identity": report.identity,
             "kind": report.kind.value,

@@ -145,6 +145,11 @@ class RegionSession:
         return ports.get(f"{self.namespace}/{DEPLOYMENT}", {}).get("http")
 
 
+def _run_id() -> str:
+    """A short, DNS-safe, time-ordered id for one demo run."""
+    return format(int(time.time()) % 36**6, "x")
+
+
 def _wait(what: str, check: Callable[[], bool], timeout_s: float) -> float:
     started = time.monotonic()
     deadline = started + timeout_s
@@ -208,16 +213,16 @@ def run_demo(settings: DemoSettings, say: Callable[[str], None] = print) -> list
     bucket.mkdir(parents=True, exist_ok=True)
     for session in sessions:
         _install(session, bucket, settings.replicas)
-        say(
-            f"{session.region.name}: RolloutDeployment/{DEPLOYMENT}, "
-            f"{settings.replicas} replicas"
-        )
+        say(f"{session.region.name}: RolloutDeployment/{DEPLOYMENT}, {settings.replicas} replicas")
 
     storage = open_storage(f"file://{bucket}")
+    # Each run names its snapshots afresh: replicas left from an earlier run must never take
+    # a new snapshot for one they already hold under the same name.
+    run = _run_id()
     trainer = DemoTrainer(
-        regions.state_dir / "demo-trainer",
+        regions.state_dir / "demo-trainer" / run,
         storage,
-        name=DEPLOYMENT,
+        name=f"{DEPLOYMENT}-{run}",
         size=settings.size,
         lr=settings.lr,
     )
