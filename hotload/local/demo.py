@@ -119,6 +119,17 @@ class RegionSession:
             {"status": {"targetSnapshot": ref.to_k8s()}},
         )  # fmt: skip
 
+    def record_current(
+        self, snapshot: PublishedSnapshot, policy: KvCachePolicy, replicas: int
+    ) -> None:
+        """Also the operator's job: once every replica serves the target, it is current."""
+        ref = snapshot.manifest(DEPLOYMENT).spec.ref(policy)
+        counts = {"replicas": replicas, "readyReplicas": replicas, "updatedReplicas": replicas}
+        self.custom.patch_namespaced_custom_object_status(
+            "hotload.dev", "v1alpha1", self.namespace, "rolloutdeployments", DEPLOYMENT,
+            {"status": {"currentSnapshot": ref.to_k8s(), **counts}},
+        )  # fmt: skip
+
     def replicas_serving(self, identity: str) -> tuple[int, list[str]]:
         """How many replicas serve ``identity`` verified; the problems of the others."""
         pods = self.core.list_namespaced_pod(
@@ -285,6 +296,7 @@ def _roll_out(
             settings.ready_timeout_s,
         )
         timing.seconds_by_region[session.region.name] = time.monotonic() - started
+        session.record_current(snapshot, KvCachePolicy.NEW_SESSION, settings.replicas)
         say(
             f"  {session.region.name}: {settings.replicas}/{settings.replicas} replicas serve "
             f"{snapshot.identity}, verified ({timing.seconds_by_region[session.region.name]:.1f} s)"
