@@ -194,6 +194,7 @@ def report_data(report: SnapshotReport) -> dict[str, Any]:
         "ratio": round(report.ratio, 3),
         "changedFraction": report.changed_fraction,
         "codecs": report.codec_counts(),
+        "removed": report.removed,
         "tensors": [
             {
                 "name": t.name,
@@ -259,3 +260,5 @@ def _print_report(report: SnapshotReport) -> None:
             ratio,
         )
     console.print(table)
+    if report.removed:
+        console.print(f"removed: {', '.join(report.removed)}")

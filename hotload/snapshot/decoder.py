@@ -216,6 +216,13 @@ def _check_previous(previous: Path, manifest: Manifest, index: TensorIndex, veri
             identity=manifest.identity,
             previous=manifest.previous,
         )
+    dropped = set(index.by_name) - {t.name for t in manifest.tensors}
+    if dropped != set(manifest.removed):
+        raise ChainBroken(
+            "the delta's removed tensors are not the ones the previous snapshot has",
+            identity=manifest.identity,
+            unexpected=sorted(dropped ^ set(manifest.removed))[:5],
+        )
 
 
 def _check_referenced(previous: Path, manifest: Manifest) -> None:

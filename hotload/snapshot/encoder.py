@@ -277,6 +277,7 @@ def write_incremental(
             files=files,
             deltas=deltas,
             referenced=referenced,
+            removed=sorted(set(old.by_name) - {t.name for t in tensors}),
             shards=shards,
             tensors=tensors,
         )

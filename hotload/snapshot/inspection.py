@@ -55,6 +55,11 @@ class SnapshotReport:
         numel = sum(t.numel for t in counted)
         return sum(t.changed or 0 for t in counted) / numel if numel else 0.0
 
+    @property
+    def removed(self) -> list[str]:
+        """Tensors of the previous snapshot this one no longer has."""
+        return list(self.manifest.removed)
+
     def codec_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for tensor in self.tensors:

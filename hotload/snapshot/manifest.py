@@ -198,6 +198,8 @@ class Manifest(_Model):
     referenced: list[StoredFile] = Field(default_factory=list)
     """Incremental only: files unchanged since the previous snapshot, not copied."""
     shards: list[ShardEntry] = Field(default_factory=list)
+    removed: Annotated[list[str], Field(max_length=MAX_TENSORS)] = Field(default_factory=list)
+    """Incremental only: tensors of the previous snapshot that this one no longer has."""
     tensors: Annotated[list[TensorEntry], Field(max_length=MAX_TENSORS)] = Field(
         default_factory=list
     )
@@ -213,7 +215,7 @@ class Manifest(_Model):
             raise ValueError("previous is required for (and only for) Incremental snapshots")
         if incremental != (self.previous_digest is not None):
             raise ValueError("previousDigest is required for (and only for) Incremental")
-        if not incremental and (self.deltas or self.referenced):
+        if not incremental and (self.deltas or self.referenced or self.removed):
             raise ValueError(f"a {self.kind.value} snapshot is complete: no deltas, no references")
         if len(self.files) + len(self.deltas) + len(self.referenced) > MAX_FILES:
             raise ValueError("too many files")
@@ -247,6 +249,8 @@ class Manifest(_Model):
                 raise ValueError(f"tensor {tensor.name!r}: codec {tensor.codec} in a {self.kind}")
             if tensor.data is not None:
                 _check_range(tensor.data, delta_sizes, tensor.name)
+        if seen & set(self.removed) or len(set(self.removed)) != len(self.removed):
+            raise ValueError("a removed tensor is listed twice or is also a tensor")
         for shard in self.shards:
             if shard.header is not None:
                 if not incremental:

@@ -171,6 +171,7 @@ def test_new_reshaped_retyped_and_removed_tensors(tmp_path: Path) -> None:
     result = encode(v1, v2, tmp_path / "s", identity="s", step=1, previous_identity="p")
     codecs = {t.name: t.codec for t in result.manifest.tensors}
     assert "quant.scale" not in codecs
+    assert result.manifest.removed == ["quant.scale"]
     assert codecs["embed.weight"] is CodecId.RAW
     assert codecs["layer.0.bias"] is CodecId.RAW
     assert codecs["lm_head.weight"] is CodecId.RAW

@@ -112,9 +112,16 @@ def test_manifest_disagreeing_with_the_shard_header_is_manifest_invalid(chain: C
 def test_manifest_missing_a_tensor_of_the_header_is_manifest_invalid(chain: Chain) -> None:
     tampering.resign(
         chain.snapshot,
-        lambda d: d.update(tensors=[t for t in d["tensors"] if t["name"] != "mask"]),
+        lambda d: d.update(
+            tensors=[t for t in d["tensors"] if t["name"] != "mask"], removed=["mask"]
+        ),
     )
     rebuild_fails(chain, ManifestInvalid)
+
+
+def test_removed_tensors_disagreeing_with_the_previous_is_chain_broken(chain: Chain) -> None:
+    tampering.resign(chain.snapshot, lambda d: d.update(removed=["no.such.tensor"]))
+    rebuild_fails(chain, ChainBroken)
 
 
 def test_changed_count_disagreeing_with_the_payload_is_decode_failed(chain: Chain) -> None:
