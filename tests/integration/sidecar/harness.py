@@ -470,11 +470,18 @@ class SidecarHarness:
             return body
 
     async def complete(
-        self, replica: Replica, prompt: str = "hello", **extra: Any
+        self,
+        replica: Replica,
+        prompt: str = "hello",
+        *,
+        headers: Mapping[str, str] | None = None,
+        **extra: Any,
     ) -> httpx.Response:
+        """A (non-streamed) completion through the front."""
         async with httpx.AsyncClient() as client:
             return await client.post(
                 f"{replica.front}/v1/completions",
+                headers=dict(headers or {}),
                 json={
                     "model": replica.env["HOTLOAD_DEPLOYMENT"],
                     "prompt": prompt,
