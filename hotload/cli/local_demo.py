@@ -30,6 +30,6 @@ def demo_command(
         ready_timeout_s=timeout,
         state_dir=state,
     )
-    timings = run_demo(settings, say=typer.echo)
+    result = run_demo(settings, say=typer.echo)
     if json_out is not None:
-        json_out.write_text(timings_json(timings) + "\n")
+        json_out.write_text(timings_json(result.timings) + "\n")

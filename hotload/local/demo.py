@@ -59,6 +59,7 @@ class DemoSettings:
     """Deltas published after the first Full."""
     namespace: str = "hotload-demo"
     state_dir: Path | None = None
+    index_base: int = 1
     size: str = "tiny"
     lr: float = 1e-5
     ready_timeout_s: float = 300.0
@@ -68,6 +69,13 @@ class DemoSettings:
 class RolloutTiming:
     snapshot: PublishedSnapshot
     seconds_by_region: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class DemoResult:
+    timings: list[RolloutTiming] = field(default_factory=list)
+    answers: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Region → (the ``model`` a completion named, its ``x-hotload-policy`` header)."""
 
 
 class RegionSession:
@@ -214,11 +222,11 @@ async def _ask_front(port: int) -> tuple[str, str]:
         return response.json()["model"], response.headers.get(contract.POLICY_HEADER, "")
 
 
-def run_demo(settings: DemoSettings, say: Callable[[str], None] = print) -> list[RolloutTiming]:
-    """Run the whole demo; returns how long every snapshot took to reach every region."""
+def run_demo(settings: DemoSettings, say: Callable[[str], None] = print) -> DemoResult:
+    """Run the whole demo: how long every snapshot took to reach every region, and who answered."""
     names = default_names(settings.regions)
     say(f"bringing up {settings.regions} local regions (real etcd, kube-apiserver, kwok) …")
-    regions = local_regions.up(names, state_dir=settings.state_dir)
+    regions = local_regions.up(names, state_dir=settings.state_dir, index_base=settings.index_base)
     sessions = [RegionSession(regions.region(name), settings.namespace) for name in names]
     bucket = regions.state_dir / "demo-bucket"
     bucket.mkdir(parents=True, exist_ok=True)
@@ -237,12 +245,12 @@ def run_demo(settings: DemoSettings, say: Callable[[str], None] = print) -> list
         size=settings.size,
         lr=settings.lr,
     )
-    timings: list[RolloutTiming] = []
+    result = DemoResult()
     for number in range(settings.deltas + 1):
         if number:
             trainer.train_step()
         snapshot = asyncio.run(trainer.publish(full=number == 0))
-        timings.append(_roll_out(sessions, snapshot, settings, say))
+        result.timings.append(_roll_out(sessions, snapshot, settings, say))
 
     for session in sessions:
         port = session.service_port()
@@ -250,6 +258,7 @@ def run_demo(settings: DemoSettings, say: Callable[[str], None] = print) -> list
             say(f"{session.region.name}: no local Service port yet")
             continue
         model, policy = asyncio.run(_ask_front(port))
+        result.answers[session.region.name] = (model, policy)
         say(
             f"{session.region.name}: 127.0.0.1:{port} answered as model={model} "
             f"({contract.POLICY_HEADER}: {policy})"
@@ -258,7 +267,7 @@ def run_demo(settings: DemoSettings, say: Callable[[str], None] = print) -> list
         f"done. Look around: kubectl --kubeconfig {regions.kubeconfig} get rd,psnap,pods -A\n"
         "stop with: hotload local down"
     )
-    return timings
+    return result
 
 
 def _roll_out(
