@@ -93,3 +93,14 @@ def module_namespace(request: pytest.FixtureRequest, core: k8s.CoreV1Api) -> Ite
         yield name
     finally:
         core.delete_namespace(name)
+
+
+def container_logs(region: Region, namespace: str, pod: str, lines: int = 15) -> str:
+    """The tail of every container log of a pod the runtime runs (for failure messages)."""
+    parts = []
+    for log in sorted(
+        (region.directory / "runtime" / "pods").glob(f"{namespace}_{pod}_*/logs/*.log")
+    ):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        parts.append(f"== {log.parent.parent.name}/{log.name}\n" + "\n".join(tail))
+    return "\n".join(parts) or f"(no logs for {namespace}/{pod})"
