@@ -38,7 +38,7 @@ from hotload.engines.reference_schemas import (
     PauseRequest,
     ResetCacheRequest,
 )
-from hotload.errors import EngineBusy, EngineRejected
+from hotload.errors import ConfigError, EngineBusy, EngineRejected
 from hotload.mounts import host_path
 
 DEFAULT_MAX_TOKENS = 16
@@ -72,6 +72,10 @@ def create_app(
     @app.exception_handler(EngineRejected)
     async def rejected(_: Request, err: EngineRejected) -> JSONResponse:
         return JSONResponse({"detail": str(err), "reason": err.reason}, status_code=422)
+
+    @app.exception_handler(ConfigError)
+    async def bad_path(_: Request, err: ConfigError) -> JSONResponse:
+        return JSONResponse({"detail": str(err), "reason": EngineRejected.reason}, status_code=422)
 
     @app.exception_handler(EngineBusy)
     async def busy(_: Request, err: EngineBusy) -> JSONResponse:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -244,7 +244,7 @@ class ReferenceRuntime:
 
     async def generate(
         self, request: GenerationRequest, stats: GenerationStats
-    ) -> AsyncIterator[GeneratedToken]:
+    ) -> AsyncGenerator[GeneratedToken, None]:
         """Yield tokens one by one; each names the weights that produced it."""
         if not request.prompt:
             raise ValueError("the prompt is empty")

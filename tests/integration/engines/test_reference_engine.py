@@ -228,6 +228,7 @@ async def test_other_architectures_unreadable_files_and_missing_dirs_are_rejecte
         (truncated, "unreadable"),
         (retuned, "another architecture"),
         (tmp_path / "absent", "does not exist"),
+        (Path("relative/step-2"), "must be absolute"),
     ):
         with pytest.raises(EngineRejected, match=message):
             await engine.load_weights(directory, "step-2", kind=SnapshotKind.FULL)
@@ -357,3 +358,24 @@ async def test_cache_policies_after_a_swap(engine: ReferenceEngine, publish: Pub
         assert newcomer == newcomer_expected, policy
         assert (running >= len(running_prompt)) is running_keeps, policy
         assert running >= len(shared), policy  # the shared prefix is always reusable by then
+
+
+async def test_a_client_that_goes_away_frees_its_generation(
+    engine: ReferenceEngine, publish: Publish
+) -> None:
+    await engine.load_weights(publish("step-1", 1), "step-1", kind=SnapshotKind.FULL)
+    async with (
+        httpx.AsyncClient(base_url=engine.base_url, timeout=60) as client,
+        client.stream(
+            "POST", "/v1/completions", json={"prompt": PROBE, "max_tokens": 2000, "stream": True}
+        ) as stream,
+    ):
+        chunks = _read_stream(stream)
+        await anext(chunks)
+        assert (await admin(engine, "GET", "/admin/identity"))["active_generations"] == 1
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while (await admin(engine, "GET", "/admin/identity"))["active_generations"] != 0:
+        assert loop.time() < deadline, "the abandoned generation kept running"
+        await asyncio.sleep(0.05)
+    await asyncio.wait_for(engine.pause(PauseMode.WAIT), timeout=5)  # nothing left to wait for

@@ -63,6 +63,7 @@ async def test_get_range_is_exact_and_clamped_at_the_end(storage: Storage) -> No
     assert await storage.get_range("blob", 4097, 8193) == data[4097:8193]
     assert await storage.get_range("blob", 10 * KIB - 5, 20 * KIB) == data[-5:]
     assert await storage.get_range("blob", 100, 100) == b""
+    assert await storage.get_range("blob", 10 * KIB + 10, 10 * KIB + 20) == b""  # past the end
 
 
 async def test_missing_objects_are_not_found(storage: Storage, tmp_path: Path) -> None:
