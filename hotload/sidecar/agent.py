@@ -232,6 +232,8 @@ class SidecarAgent:
             self._wake.clear()
             target = self._target()
             self._status.target = target
+            if self._deployment is not None and self._engine is None:
+                self._engine_for_probes(self._deployment)
             if self._deployment is None or target is None:
                 self._set_phase(Phase.WAITING)
                 self._report()
@@ -480,6 +482,16 @@ class SidecarAgent:
                 "staged": self.staging.has_snapshot(identity),
             },
         )
+
+    def _engine_for_probes(self, deployment: RolloutDeployment) -> None:
+        """Build the engine adapter as soon as the deployment names it, so ``/readyz``
+        answers for the engine before any target exists."""
+        try:
+            self._ensure_engine(deployment)
+        except HotloadError as err:
+            log.error(
+                "cannot build the engine adapter", extra={**self._context(), "error": str(err)}
+            )
 
     def _ensure_engine(self, deployment: RolloutDeployment) -> Engine:
         if self._engine is None:

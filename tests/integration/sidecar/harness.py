@@ -1,23 +1,21 @@
-"""Real replicas for the sidecar's tests: a kwok pod, its engine, its sidecar, its RBAC.
+"""Real replicas for the sidecar's tests: pods of examples/pod.yaml run by the pod runtime.
 
-Each replica is what CONTRACTS.md's pod contract describes, run as local processes: a
-Pod from ``examples/pod.yaml`` (its containers' commands replaced by a placeholder, so
-kwok runs it and gives it an IP in 127.i.0.0/24, real loopback), a ServiceAccount with a
-Role made from ``hotload.api.pod.SIDECAR_RBAC_RULES``, a pod-bound token in a kubeconfig
-of its own, the real ``hotload engine reference`` process and the real ``hotload
-sidecar`` process, both bound to the pod's IP and sharing a staging folder through
-``HOTLOAD_ROOT``. Until the operator exists, tests create the RolloutDeployment and
+Each replica is the pod CONTRACTS.md's pod contract describes, run for real by the local
+pod runtime (``hotload local runtime``, started with the regions): the real ``hotload
+engine reference`` and ``hotload sidecar`` processes on the pod's own 127.i.x.y address,
+the sidecar with the pod-bound token of a ServiceAccount whose Role is exactly
+``hotload.api.pod.SIDECAR_RBAC_RULES`` (an RBAC gap fails a test), sharing the pod's
+staging ``emptyDir``. Until the operator exists, tests create the RolloutDeployment and
 move its ``status.targetSnapshot`` themselves.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -39,7 +37,7 @@ from hotload.api.pod import (
     CONDITION_SNAPSHOT_READY,
     SIDECAR_PORT,
     SIDECAR_RBAC_RULES,
-    STAGING_MOUNT_PATH,
+    STAGING_VOLUME,
 )
 from hotload.api.rollout_deployment import PLURAL
 from hotload.local import Region
@@ -47,8 +45,6 @@ from hotload.local import Region
 T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[3]
-HOTLOAD = str(Path(sys.executable).with_name("hotload"))
-PLACEHOLDER = ["sleep", "infinity"]
 ENGINE_PORT = 8000
 
 
@@ -104,44 +100,17 @@ def rollout_deployment(
     }
 
 
-def _with_staging_mounted(command: list[str], staging: Path) -> list[str]:
-    """Run ``command`` with the pod's staging folder bind-mounted at the mount path.
-
-    That is what the engine container of a real pod sees. The sidecar hands the engine
-    paths under the *mount path* (CONTRACTS.md); the reference engine does not yet map
-    them through ``HOTLOAD_ROOT`` itself, so the test gives it the mount, in a private
-    mount namespace (nothing outside the process sees it).
-    """
-    Path(STAGING_MOUNT_PATH).mkdir(parents=True, exist_ok=True)
-    script = 'mount --bind "$0" "$1" && shift && exec "$@"'
-    return [
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        script,
-        str(staging),
-        STAGING_MOUNT_PATH,
-        *command,
-    ]
-
-
 @dataclass
 class Replica:
-    """One pod's processes and where to reach them."""
+    """One pod the runtime runs, and where to reach it."""
 
     pod: str
     ip: str
     uid: str
-    root: Path
+    directory: Path
+    """The runtime's folder of this pod (volumes, container roots, logs)."""
     env: dict[str, str]
-    logs: Path
-    engine: subprocess.Popen[bytes] | None = None
-    sidecar: subprocess.Popen[bytes] | None = None
-    sidecar_starts: int = 0
-    sidecar_args: tuple[str, ...] = ()
+    """The sidecar container's environment (deployment name, ...)."""
 
     @property
     def front(self) -> str:
@@ -153,7 +122,8 @@ class Replica:
 
     @property
     def staging(self) -> Path:
-        return self.root / "var/lib/hotload/staging"
+        """The pod's staging ``emptyDir`` on this host."""
+        return self.directory / "volumes" / STAGING_VOLUME
 
 
 @dataclass
@@ -215,70 +185,55 @@ class SidecarHarness:
             },
         )
 
-    def pod_manifest(self, name: str, deployment: str, service_account: str) -> dict[str, Any]:
-        """``examples/pod.yaml`` with its name, deployment and SA, commands made placeholders."""
-        pod: dict[str, Any] = yaml.safe_load((REPO / "examples/pod.yaml").read_text())
-        pod = copy.deepcopy(pod)
+    def pod_manifest(
+        self,
+        name: str,
+        deployment: str,
+        service_account: str,
+        *,
+        sidecar_args: tuple[str, ...] = (),
+        secret: str | None = None,
+    ) -> dict[str, Any]:
+        """``examples/pod.yaml`` for this replica: its name, deployment, SA and Secret."""
+        pod: dict[str, Any] = copy.deepcopy(
+            yaml.safe_load((REPO / "examples/pod.yaml").read_text())
+        )
         pod["metadata"]["name"] = name
         pod["metadata"]["labels"]["app.kubernetes.io/instance"] = deployment
         pod["spec"]["serviceAccountName"] = service_account
         for container in pod["spec"]["containers"]:
-            container["command"] = PLACEHOLDER
+            if container["name"] == "engine":
+                container["command"] = [*container["command"], "--threads", "1"]
+            if container["name"] == "sidecar":
+                container["command"] = [*container["command"], *sidecar_args]
             for env in container.get("env", []):
                 if env["name"] == "HOTLOAD_DEPLOYMENT":
                     env["value"] = deployment
+                ref = env.get("valueFrom", {}).get("secretKeyRef")
+                if ref is not None and secret is not None:
+                    ref["name"] = secret
         return pod
 
-    async def create_pod(self, name: str, deployment: str, service_account: str) -> tuple[str, str]:
-        """Create the pod and wait until kwok gives it an IP; (ip, uid)."""
-        self.core.create_namespaced_pod(
-            self.namespace, self.pod_manifest(name, deployment, service_account)
+    def create_secret(self, name: str, data: Mapping[str, str]) -> None:
+        self.core.create_namespaced_secret(
+            self.namespace, {"metadata": {"name": name}, "stringData": dict(data)}
         )
 
-        def running() -> tuple[str, str] | None:
-            pod = self.core.read_namespaced_pod(name, self.namespace)
-            if pod.status and pod.status.pod_ip:
-                return pod.status.pod_ip, pod.metadata.uid
-            return None
+    def pod_directory(self, name: str, uid: str) -> Path:
+        return self.region.directory / "runtime" / "pods" / f"{self.namespace}_{name}_{uid}"
 
-        return await eventually(running, timeout=60, what=f"pod {name} to get an IP")
+    def container_status(self, name: str, container: str) -> k8s.V1ContainerStatus | None:
+        pod = self.pod(name)
+        for status in (pod.status.container_statuses if pod.status else None) or []:
+            if status.name == container:
+                return status
+        return None
 
-    def pod_kubeconfig(self, service_account: str, pod: str, uid: str, path: Path) -> Path:
-        """A kubeconfig holding a token bound to ``pod`` (so an RBAC gap fails the test)."""
-        request = self.core.create_namespaced_service_account_token(
-            service_account,
-            self.namespace,
-            {
-                "spec": {
-                    "audiences": [],
-                    "expirationSeconds": 3600,
-                    "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod, "uid": uid},
-                }
-            },
-        )
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "local",
-                    "cluster": {
-                        "server": self.region.apiserver_url,
-                        "certificate-authority": str(self.region.certificates.ca_cert),
-                    },
-                }
-            ],
-            "users": [{"name": "sidecar", "user": {"token": request.status.token}}],
-            "contexts": [
-                {
-                    "name": "sidecar",
-                    "context": {"cluster": "local", "user": "sidecar", "namespace": self.namespace},
-                }
-            ],
-            "current-context": "sidecar",
-        }
-        path.write_text(yaml.safe_dump(config))
-        return path
+    def container_pid(self, name: str, container: str) -> int:
+        status = self.container_status(name, container)
+        if status is None or not status.container_id:
+            raise AssertionError(f"{container} of {name} has no container id")
+        return int(status.container_id.rsplit("/", 1)[-1])
 
     def pod(self, name: str) -> k8s.V1Pod:
         return self.core.read_namespaced_pod(name, self.namespace)
@@ -302,127 +257,84 @@ class SidecarHarness:
         *,
         credentials: Mapping[str, str] | None = None,
         sidecar_args: tuple[str, ...] = (),
-        start: bool = True,
     ) -> Replica:
-        """A pod with its RBAC, token and (unless ``start=False``) engine and sidecar."""
+        """A pod with its RBAC (and Secret), once its engine and sidecar both answer."""
         service_account = f"{name}-sidecar"
         self.create_rbac(service_account)
-        ip, uid = await self.create_pod(name, deployment, service_account)
-        root = self.workdir / name
-        (root / "var/lib/hotload/staging").mkdir(parents=True, exist_ok=True)
-        logs = self.workdir / "logs"
-        logs.mkdir(exist_ok=True)
-        kubeconfig = self.pod_kubeconfig(
-            service_account, name, uid, self.workdir / f"{name}.kubeconfig"
+        secret = None
+        if credentials:
+            secret = f"{name}-bucket"
+            self.create_secret(secret, credentials)
+        manifest = self.pod_manifest(
+            name, deployment, service_account, sidecar_args=sidecar_args, secret=secret
         )
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": os.environ.get("HOME", "/root"),
-            "POD_NAME": name,
-            "POD_NAMESPACE": self.namespace,
-            "POD_IP": ip,
-            "NODE_NAME": "kwok",
-            "HOTLOAD_DEPLOYMENT": deployment,
-            "HOTLOAD_ROOT": str(root),
-            "KUBECONFIG": str(kubeconfig),
-            "HOTLOAD_LOG_LEVEL": "DEBUG",
-            **(credentials or {}),
-        }
-        replica = Replica(name, ip, uid, root, env, logs, sidecar_args=sidecar_args)
+        self.core.create_namespaced_pod(self.namespace, manifest)
+
+        def addressed() -> tuple[str, str] | None:
+            pod = self.pod(name)
+            if pod.status and pod.status.pod_ip:
+                return pod.status.pod_ip, pod.metadata.uid
+            return None
+
+        ip, uid = await eventually(addressed, timeout=60, what=f"pod {name} to get an IP")
+        replica = Replica(
+            name, ip, uid, self.pod_directory(name, uid), {"HOTLOAD_DEPLOYMENT": deployment}
+        )
         self.replicas.append(replica)
-        if start:
-            await self.start_engine(replica)
-            await self.start_sidecar(replica)
+        await self.wait_serving(replica)
         return replica
 
-    async def start_engine(self, replica: Replica) -> None:
-        env = {k: v for k, v in replica.env.items() if not k.startswith("AWS_")}
-        env.pop("KUBECONFIG", None)
-        command = [
-            HOTLOAD,
-            "engine",
-            "reference",
-            "--port",
-            str(ENGINE_PORT),
-            "--threads",
-            "1",
-            "--served-name",
-            env["HOTLOAD_DEPLOYMENT"],
-        ]
-        replica.engine = subprocess.Popen(
-            _with_staging_mounted(command, replica.staging),
-            env=env,
-            stdout=(replica.logs / f"{replica.pod}-engine.log").open("ab"),
-            stderr=subprocess.STDOUT,
-        )
+    async def wait_serving(self, replica: Replica, *, timeout: float = 120) -> None:
+        """Until the engine answers /health and the sidecar /healthz."""
 
-        async def healthy() -> bool:
-            if replica.engine is not None and replica.engine.poll() is not None:
-                raise AssertionError(
-                    f"engine of {replica.pod} exited: {self.log(replica, 'engine')}"
-                )
+        async def answering() -> bool:
             try:
-                async with httpx.AsyncClient() as client:
-                    return (
-                        await client.get(f"{replica.engine_url}/health", timeout=2)
-                    ).status_code == 200
+                async with httpx.AsyncClient(trust_env=False) as client:
+                    engine = await client.get(f"{replica.engine_url}/health", timeout=2)
+                    sidecar = await client.get(f"{replica.front}/healthz", timeout=2)
+                return engine.status_code == 200 and sidecar.status_code == 200
             except httpx.HTTPError:
                 return False
 
-        await eventually(healthy, timeout=90, what=f"engine of {replica.pod}", interval=0.3)
+        try:
+            await eventually(
+                answering, timeout=timeout, what=f"{replica.pod} serving", interval=0.3
+            )
+        except AssertionError as err:
+            raise AssertionError(
+                f"{err}\n{self.log(replica, 'sidecar')}\n{self.log(replica, 'engine')}"
+            ) from None
 
-    async def start_sidecar(self, replica: Replica) -> None:
-        replica.sidecar_starts += 1
-        replica.sidecar = subprocess.Popen(
-            [HOTLOAD, "sidecar", *replica.sidecar_args],
-            env=replica.env,
-            stdout=(replica.logs / f"{replica.pod}-sidecar.log").open("ab"),
-            stderr=subprocess.STDOUT,
-        )
+    def kill_sidecar(self, replica: Replica) -> int:
+        """SIGKILL the sidecar's process, as a crash or an OOM kill would; its pid."""
+        pid = self.container_pid(replica.pod, "sidecar")
+        os.kill(pid, signal.SIGKILL)
+        return pid
 
-        async def listening() -> bool:
-            if replica.sidecar is not None and replica.sidecar.poll() is not None:
-                raise AssertionError(
-                    f"sidecar of {replica.pod} exited: {self.log(replica, 'sidecar')}"
-                )
-            try:
-                async with httpx.AsyncClient() as client:
-                    return (
-                        await client.get(f"{replica.front}/healthz", timeout=2)
-                    ).status_code == 200
-            except httpx.HTTPError:
-                return False
+    async def wait_restarted(self, replica: Replica, restarts: int) -> None:
+        """Until the runtime restarted the sidecar ``restarts`` times and it answers again."""
 
-        await eventually(listening, timeout=60, what=f"sidecar of {replica.pod}", interval=0.2)
+        def restarted() -> bool:
+            status = self.container_status(replica.pod, "sidecar")
+            return bool(status and status.restart_count >= restarts and status.state.running)
 
-    def kill_sidecar(self, replica: Replica) -> None:
-        """SIGKILL: no cleanup, as a crash or an OOM kill would leave it."""
-        if replica.sidecar is not None:
-            replica.sidecar.send_signal(signal.SIGKILL)
-            replica.sidecar.wait(10)
-            replica.sidecar = None
+        await eventually(restarted, timeout=60, what=f"the sidecar of {replica.pod} to restart")
+        await self.wait_serving(replica)
 
     def log(self, replica: Replica, container: str) -> str:
-        path = replica.logs / f"{replica.pod}-{container}.log"
+        path = replica.directory / "logs" / f"{container}.log"
         return path.read_text(errors="replace")[-4000:] if path.exists() else ""
 
     def stop_all(self) -> None:
+        """Delete the pods (the runtime stops their processes within their grace)."""
         for replica in self.replicas:
-            for process in (replica.sidecar, replica.engine):
-                if process is not None and process.poll() is None:
-                    process.send_signal(signal.SIGTERM)
-            for process in (replica.sidecar, replica.engine):
-                if process is not None:
-                    try:
-                        process.wait(15)
-                    except subprocess.TimeoutExpired:
-                        process.kill()
-                        process.wait(5)
+            with contextlib.suppress(k8s.ApiException):
+                self.core.delete_namespaced_pod(replica.pod, self.namespace, grace_period_seconds=5)
 
     # --- observing ----------------------------------------------------------------
 
     async def status(self, replica: Replica) -> dict[str, Any]:
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncClient(trust_env=False) as client:
             response = await client.get(f"{replica.front}/status", timeout=5)
             response.raise_for_status()
             body: dict[str, Any] = response.json()
@@ -452,14 +364,14 @@ class SidecarHarness:
             ) from None
 
     async def engine_identity(self, replica: Replica) -> dict[str, Any]:
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncClient(trust_env=False) as client:
             response = await client.get(f"{replica.engine_url}/admin/identity", timeout=10)
             response.raise_for_status()
             body: dict[str, Any] = response.json()
             return body
 
     async def engine_logits(self, replica: Replica, tokens: tuple[int, ...]) -> dict[str, Any]:
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncClient(trust_env=False) as client:
             response = await client.post(
                 f"{replica.engine_url}/admin/logits",
                 json={"prompt_token_ids": list(tokens)},
@@ -478,7 +390,7 @@ class SidecarHarness:
         **extra: Any,
     ) -> httpx.Response:
         """A (non-streamed) completion through the front."""
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncClient(trust_env=False) as client:
             return await client.post(
                 f"{replica.front}/v1/completions",
                 headers=dict(headers or {}),

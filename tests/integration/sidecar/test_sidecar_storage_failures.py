@@ -10,7 +10,12 @@ import pytest
 from hotload.storage import Storage, open_storage
 from tests.fixtures.minio import TEST_ACCESS_KEY, TEST_SECRET_KEY, MinioServer
 from tests.fixtures.trainer import PROBE_TOKENS, Trainer
-from tests.integration.sidecar.harness import SidecarHarness, eventually, rollout_deployment
+from tests.integration.sidecar.harness import (
+    Replica,
+    SidecarHarness,
+    eventually,
+    rollout_deployment,
+)
 from tests.integration.sidecar.toxiproxy import Toxiproxy, toxiproxy  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.s3]
@@ -35,7 +40,7 @@ def s3_trainer(tmp_path: Path, s3: tuple[str, Storage]) -> Trainer:
     return Trainer(tmp_path / "trainer", s3[1])
 
 
-async def _bytes_done(harness: SidecarHarness, replica, at_least: int) -> int | None:  # type: ignore[no-untyped-def]
+async def _bytes_done(harness: SidecarHarness, replica: Replica, at_least: int) -> int | None:
     status = await harness.status(replica)
     done = int(status["bytesDone"])
     return done if status["phase"] == "Fetching" and done >= at_least else None
@@ -109,7 +114,7 @@ async def test_sidecar_killed_mid_download_resumes_and_serves_only_verified_weig
     assert (await harness.engine_identity(replica))["identity"] == "init"
 
     toxiproxy.fast()
-    await harness.start_sidecar(replica)
+    await harness.wait_restarted(replica, 1)
     await harness.wait_state(replica, full.identity, "Ready", timeout=90)
     status = await harness.status(replica)
     swap = status["history"][0]
