@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 
 from hotload.api import SnapshotKind
@@ -48,6 +49,16 @@ async def test_full_then_five_deltas_reach_the_replica_bit_exact(
     first = status["history"][-1]
     assert set(first["seconds"]) >= {"fetch", "verify", "rebuild", "swap"}
     assert published[0].kind is SnapshotKind.FULL
+    async with httpx.AsyncClient(trust_env=False) as client:
+        metrics = (await client.get(f"{replica.front}/metrics", timeout=10)).text
+    last = published[-1]
+    assert (
+        f'hotload_snapshot_info{{identity="{last.identity}",kind="Incremental",step="5"}} 1.0'
+        in (metrics)
+    )
+    assert 'hotload_swaps_total{via="delta"} 5.0' in metrics
+    assert 'hotload_swaps_total{via="full"} 1.0' in metrics
+    assert 'hotload_phase_seconds_count{phase="swap"} 6.0' in metrics
     # Deltas moved fewer bytes than the Full did.
     assert all(h["fetchedBytes"] < first["fetchedBytes"] for h in status["history"][:5]), (
         json.dumps(status["history"], indent=1)

@@ -88,14 +88,16 @@ async def test_corrupt_delta_keeps_last_good_snapshot_until_a_full_recovers(
 async def test_a_listed_file_not_there_yet_is_retried_until_it_arrives(
     harness: SidecarHarness, trainer: Trainer, bucket_url: str, storage: Storage
 ) -> None:
-    harness.create_deployment(rollout_deployment("late-file", bucket_url))
+    harness.create_deployment(rollout_deployment("late-file", bucket_url, max_stale_steps=1))
     replica = await harness.replica("late-file-0", "late-file")
     full = await trainer.publish_full()
     harness.set_target("late-file", full.ref())
     await harness.wait_state(replica, full.identity, "Ready")
 
     trainer.train_step()
+    trainer.train_step()
     delta = await trainer.publish_delta()
+    assert delta.step == 2
     # Replication delivered the manifest before a file it lists.
     missing = next(f for f in delta.files if f.endswith(".bin"))
     held = await storage.get(f"{delta.identity}/{missing}", max_bytes=1 << 30)
@@ -111,8 +113,21 @@ async def test_a_listed_file_not_there_yet_is_retried_until_it_arrives(
     annotations = harness.annotations("late-file-0")
     assert annotations["hotload.dev/state"] == "Loading"
     assert annotations["hotload.dev/snapshot"] == full.identity
+    # Two steps behind with maxStaleSteps 1: the readiness gate chooses freshness.
+    stale = await eventually(
+        lambda: (g := harness.gate("late-file-0")) is not None and g.status == "False" and g,
+        timeout=30,
+        what="the gate to turn False (Stale)",
+    )
+    assert stale.reason == "Stale"
 
     await storage.put(f"{delta.identity}/{missing}", held)
     await harness.wait_state(replica, delta.identity, "Ready")
+    fresh = await eventually(
+        lambda: (g := harness.gate("late-file-0")) is not None and g.status == "True" and g,
+        timeout=30,
+        what="the gate to turn True again",
+    )
+    assert fresh.reason == "Verified"
     served = await harness.engine_logits(replica, PROBE_TOKENS)
     assert served["sha256"] == trainer.expected_logits(delta).sha256
