@@ -157,8 +157,9 @@ def _apply(name: str, job: ChunkJob, words: np.ndarray, undo: list[_Undo]) -> No
         if not chunk.changes:
             return
         positions, values = sparse.decode_changes(chunk, tensor=name)
-        undo.append(_Undo(name, out, positions, out[positions], None))
-        out[positions] += unzigzag(values)
+        before = out[positions]
+        undo.append(_Undo(name, out, positions, before, None))
+        out[positions] = before + unzigzag(values)
         return
     undo.append(_Undo(name, out, None, out.copy(), None))
     job.run(out)

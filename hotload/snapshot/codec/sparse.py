@@ -132,4 +132,4 @@ def decode_chunk(chunk: SparseChunk, out: np.ndarray, *, tensor: str) -> None:
     if not chunk.changes:
         return
     positions, values = decode_changes(chunk, tensor=tensor)
-    out[positions] += unzigzag(values)
+    out[positions] = out[positions] + unzigzag(values)
