@@ -123,6 +123,8 @@ class SnapshotLoader:
         self._on_phase = on_phase
         self._on_bytes = on_bytes
         self._manifests: dict[str, tuple[Manifest, bytes]] = {}
+        self.manifest_bytes = 0
+        """Bytes of manifests read from the bucket (they count as bytes moved)."""
 
     async def manifest(self, identity: str) -> Manifest:
         """The manifest of ``identity`` (cached: snapshots are immutable)."""
@@ -130,6 +132,8 @@ class SnapshotLoader:
         if cached is not None:
             return cached[0]
         data = await self.storage.get(f"{identity}/{MANIFEST_NAME}")
+        self.manifest_bytes += len(data)
+        self.metrics.fetched_bytes.inc(len(data))
         manifest = await asyncio.to_thread(parse_manifest, data, expected_identity=identity)
         self._manifests[identity] = (manifest, data)
         return manifest
@@ -167,10 +171,14 @@ class SnapshotLoader:
     ) -> StagedSnapshot:
         """Plan, fetch, verify and rebuild ``target``; the verified directory."""
         with timings.phase("fetch", self.metrics):
+            manifest_bytes_before = self.manifest_bytes
             plan = await self.plan(held, target)
             manifests = [await self.manifest(identity) for identity in plan.apply]
             todo = [m for m in manifests if not self.staging.has_snapshot(m.identity)]
-            timings.stored_bytes = sum(m.stored_bytes() for m in manifests)
+            timings.fetched_bytes += self.manifest_bytes - manifest_bytes_before
+            timings.stored_bytes = sum(
+                m.stored_bytes() + len(self._manifests[m.identity][1]) for m in manifests
+            )
             self._on_phase(Phase.FETCHING)
             for manifest in todo:
                 await asyncio.to_thread(self._keep_manifest, manifest.identity)

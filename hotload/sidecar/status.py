@@ -67,9 +67,11 @@ class SwapRecord(_Model):
     seconds: dict[str, float] = Field(default_factory=dict)
     """Per phase: fetch, verify, rebuild, swap (plus total)."""
     fetched_bytes: int = 0
-    """Bytes read from the bucket for this load."""
+    """Bytes read from the bucket by the attempt that succeeded (manifests included;
+    bytes a resumed download already had are not read again)."""
     stored_bytes: int = 0
-    """Bytes of every file the plan needed (fetched now, resumed, or already local)."""
+    """Bytes of every file the plan needed, manifests included (fetched now, resumed, or
+    already local): the bytes a load moves when nothing is resumed."""
 
 
 class StatusReport(_Model):

@@ -192,6 +192,7 @@ class SidecarHarness:
         service_account: str,
         *,
         sidecar_args: tuple[str, ...] = (),
+        engine_args: tuple[str, ...] = ("--threads", "1"),
         secret: str | None = None,
     ) -> dict[str, Any]:
         """``examples/pod.yaml`` for this replica: its name, deployment, SA and Secret."""
@@ -203,7 +204,7 @@ class SidecarHarness:
         pod["spec"]["serviceAccountName"] = service_account
         for container in pod["spec"]["containers"]:
             if container["name"] == "engine":
-                container["command"] = [*container["command"], "--threads", "1"]
+                container["command"] = [*container["command"], *engine_args]
             if container["name"] == "sidecar":
                 container["command"] = [*container["command"], *sidecar_args]
             for env in container.get("env", []):
@@ -257,6 +258,8 @@ class SidecarHarness:
         *,
         credentials: Mapping[str, str] | None = None,
         sidecar_args: tuple[str, ...] = (),
+        engine_args: tuple[str, ...] = ("--threads", "1"),
+        serving_timeout: float = 120,
     ) -> Replica:
         """A pod with its RBAC (and Secret), once its engine and sidecar both answer."""
         service_account = f"{name}-sidecar"
@@ -266,7 +269,12 @@ class SidecarHarness:
             secret = f"{name}-bucket"
             self.create_secret(secret, credentials)
         manifest = self.pod_manifest(
-            name, deployment, service_account, sidecar_args=sidecar_args, secret=secret
+            name,
+            deployment,
+            service_account,
+            sidecar_args=sidecar_args,
+            engine_args=engine_args,
+            secret=secret,
         )
         self.core.create_namespaced_pod(self.namespace, manifest)
 
@@ -281,7 +289,7 @@ class SidecarHarness:
             name, ip, uid, self.pod_directory(name, uid), {"HOTLOAD_DEPLOYMENT": deployment}
         )
         self.replicas.append(replica)
-        await self.wait_serving(replica)
+        await self.wait_serving(replica, timeout=serving_timeout)
         return replica
 
     async def wait_serving(self, replica: Replica, *, timeout: float = 120) -> None:

@@ -32,11 +32,9 @@ async def test_new_pod_at_step_seven_replays_from_the_last_full_bit_exact(
     status = await harness.status(replica)
     swap = status["history"][0]
     assert swap["via"] == "replay"
-    # The whole chain was fetched: the Full and all seven deltas.
-    assert swap["storedBytes"] == sum(p.stored_bytes for p in trainer.published) - sum(
-        len((trainer.workdir / "encoded" / p.identity / "hotload-manifest.json").read_bytes())
-        for p in trainer.published
-    )
+    # The whole chain was fetched: the Full and all seven deltas, manifests included.
+    assert swap["storedBytes"] == sum(p.stored_bytes for p in trainer.published)
+    assert swap["fetchedBytes"] == swap["storedBytes"]
     # Only the served snapshot stays in staging; intermediate rebuilds are gone.
     assert sorted(p.name for p in (replica.staging / "snapshots").iterdir()) == [last.identity]
 
