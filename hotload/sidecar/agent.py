@@ -116,6 +116,7 @@ class SidecarAgent:
         self._observed: ObservedPod | None = None
         self._failed_target: str | None = None
         self._served_name: str | None = None
+        self._background: set[asyncio.Task[None]] = set()
         self.ready = asyncio.Event()
         """Set once the agent has observed its pod and (when serving HTTP) listens."""
 
@@ -520,8 +521,9 @@ class SidecarAgent:
                 on_bytes=self._set_bytes,
             )
             if old is not None:
-                task = asyncio.get_running_loop().create_task(old.aclose())
-                task.add_done_callback(lambda _: None)
+                closing = asyncio.get_running_loop().create_task(old.aclose())
+                self._background.add(closing)
+                closing.add_done_callback(self._background.discard)
         return self._loader
 
     # --- state and reporting -----------------------------------------------------------
