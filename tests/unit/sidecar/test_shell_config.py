@@ -8,6 +8,7 @@ import pytest
 
 from hotload.cli.sidecar import config_from_env
 from hotload.errors import ConfigError
+from hotload.sidecar import AgentConfig
 
 POD_ENV = {
     "POD_NAME": "demo-0",
@@ -18,7 +19,7 @@ POD_ENV = {
 }
 
 
-def _config(env: dict[str, str]):  # type: ignore[no-untyped-def]
+def _config(env: dict[str, str]) -> AgentConfig:
     return config_from_env(
         env, port=8480, download_concurrency=4, download_part_size=1 << 20, hold_timeout_s=30
     )
