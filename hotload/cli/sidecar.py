@@ -32,41 +32,10 @@ def config_from_env(
     hold_timeout_s: float,
 ) -> AgentConfig:
     """The agent's config from the pod contract's environment (``ConfigError`` if short)."""
-    from hotload.api.pod import (
-        ENV_DEPLOYMENT,
-        ENV_NODE_NAME,
-        ENV_POD_IP,
-        ENV_POD_NAME,
-        ENV_POD_NAMESPACE,
-        ENV_ROOT,
-    )
-    from hotload.errors import ConfigError
-    from hotload.mounts import root_from
-    from hotload.sidecar import AgentConfig
-    from hotload.storage import StorageCredentials
+    from hotload.sidecar.config import config_from_pod_env
 
-    missing = [
-        name for name in (ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_DEPLOYMENT) if not environ.get(name)
-    ]
-    if missing:
-        raise ConfigError("the sidecar needs the pod contract's environment", missing=missing)
-    key_id = environ.get("AWS_ACCESS_KEY_ID")
-    secret = environ.get("AWS_SECRET_ACCESS_KEY")
-    credentials = None
-    if key_id and secret:
-        credentials = StorageCredentials(
-            access_key_id=key_id,
-            secret_access_key=secret,
-            session_token=environ.get("AWS_SESSION_TOKEN") or None,
-        )
-    return AgentConfig(
-        pod_name=environ[ENV_POD_NAME],
-        namespace=environ[ENV_POD_NAMESPACE],
-        deployment=environ[ENV_DEPLOYMENT],
-        pod_ip=environ.get(ENV_POD_IP) or None,
-        node_name=environ.get(ENV_NODE_NAME) or None,
-        credentials=credentials,
-        root=root_from(environ.get(ENV_ROOT)),
+    return config_from_pod_env(
+        environ,
         serve_http=True,
         http_port=port,
         download_concurrency=download_concurrency,

@@ -17,7 +17,8 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from hotload.api.crd import render_all
-from hotload.errors import KubeConflict, KubeError, KubeForbidden, KubeNotFound
+from hotload.errors import KubeError
+from hotload.kube.errors import map_api_exception
 from hotload.local.readiness import wait_for
 from hotload.local.region import Region
 
@@ -43,12 +44,8 @@ def api_client(region: Region) -> k8s.ApiClient:
 
 
 def _kube_error(err: ApiException, what: str, **context: Any) -> KubeError:
-    status = int(err.status) if err.status else None
-    kinds: dict[int, type[KubeError]] = {403: KubeForbidden, 404: KubeNotFound, 409: KubeConflict}
-    error_class = kinds.get(status or 0, KubeError)
-    return error_class(
-        f"{what} failed: {err.reason}", status=status, body=str(err.body)[:500], **context
-    )
+    """The one mapping (``hotload.kube``), with what we were doing as context."""
+    return map_api_exception(err, operation=what, **context)
 
 
 def apply_crds(api: k8s.ApiClient, region: Region) -> list[str]:

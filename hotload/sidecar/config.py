@@ -8,11 +8,23 @@ policies) it reads from the RolloutDeployment object, not from here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
-from hotload.api.pod import SIDECAR_PORT, STAGING_MOUNT_PATH
-from hotload.mounts import host_path
+from hotload.api.pod import (
+    ENV_DEPLOYMENT,
+    ENV_NODE_NAME,
+    ENV_POD_IP,
+    ENV_POD_NAME,
+    ENV_POD_NAMESPACE,
+    ENV_ROOT,
+    SIDECAR_PORT,
+    STAGING_MOUNT_PATH,
+)
+from hotload.errors import ConfigError
+from hotload.mounts import host_path, root_from
 from hotload.storage import StorageCredentials
 
 
@@ -75,3 +87,35 @@ class AgentConfig:
     def engine_host(self) -> str:
         """Where the engine listens: the pod's IP (the pod contract), loopback-free."""
         return self.pod_ip or "0.0.0.0"
+
+
+def config_from_pod_env(env: Mapping[str, str], **settings: Any) -> AgentConfig:
+    """The agent's config from a sidecar container's environment (the pod contract's names).
+
+    ``env`` is ``os.environ`` for the ``hotload sidecar`` shell, and the environment the pod
+    runtime resolved from the pod spec for a shared-mode agent; nothing here reads the
+    process environment. ``settings`` set the remaining fields (ports, download sizes).
+    """
+    required = (ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_DEPLOYMENT)
+    missing = [name for name in required if not env.get(name)]
+    if missing:
+        raise ConfigError("the sidecar needs the pod contract's environment", missing=missing)
+    key_id = env.get("AWS_ACCESS_KEY_ID")
+    secret = env.get("AWS_SECRET_ACCESS_KEY")
+    credentials = None
+    if key_id and secret:
+        credentials = StorageCredentials(
+            access_key_id=key_id,
+            secret_access_key=secret,
+            session_token=env.get("AWS_SESSION_TOKEN") or None,
+        )
+    config = AgentConfig(
+        pod_name=env[ENV_POD_NAME],
+        namespace=env[ENV_POD_NAMESPACE],
+        deployment=env[ENV_DEPLOYMENT],
+        pod_ip=env.get(ENV_POD_IP) or None,
+        node_name=env.get(ENV_NODE_NAME) or None,
+        credentials=credentials,
+        root=root_from(env.get(ENV_ROOT)),
+    )
+    return replace(config, **settings)

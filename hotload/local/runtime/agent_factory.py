@@ -15,50 +15,14 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from hotload.api.pod import (
-    ENV_DEPLOYMENT,
-    ENV_NODE_NAME,
-    ENV_POD_IP,
-    ENV_POD_NAME,
-    ENV_POD_NAMESPACE,
-    ENV_ROOT,
-)
 from hotload.errors import ConfigError
-from hotload.mounts import root_from
 from hotload.sidecar import AgentConfig
-from hotload.storage import StorageCredentials
+from hotload.sidecar.config import config_from_pod_env
 
 
 def agent_config(env: Mapping[str, str]) -> AgentConfig:
-    """The agent's frozen config from a shared pod's sidecar environment."""
-    missing = [
-        name for name in (ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_DEPLOYMENT) if not env.get(name)
-    ]
-    if missing:
-        raise ConfigError(
-            "a shared pod's sidecar lacks the pod contract's environment", missing=missing
-        )
-    key_id = env.get("AWS_ACCESS_KEY_ID")
-    secret = env.get("AWS_SECRET_ACCESS_KEY")
-    credentials = (
-        StorageCredentials(
-            access_key_id=key_id,
-            secret_access_key=secret,
-            session_token=env.get("AWS_SESSION_TOKEN") or None,
-        )
-        if key_id and secret
-        else None
-    )
-    return AgentConfig(
-        pod_name=env[ENV_POD_NAME],
-        namespace=env[ENV_POD_NAMESPACE],
-        deployment=env[ENV_DEPLOYMENT],
-        pod_ip=env.get(ENV_POD_IP) or None,
-        node_name=env.get(ENV_NODE_NAME) or None,
-        credentials=credentials,
-        root=root_from(env.get(ENV_ROOT)),
-        serve_http=False,
-    )
+    """The agent's frozen config from a shared pod's sidecar environment (no HTTP)."""
+    return config_from_pod_env(env, serve_http=False)
 
 
 async def run_sidecar_agent(env: Mapping[str, str], registry: CollectorRegistry) -> None:
