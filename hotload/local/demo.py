@@ -37,10 +37,10 @@ from hotload.api import pod as contract
 from hotload.errors import LocalRegionError
 from hotload.kube.client import sync_api_client
 from hotload.local import regions as local_regions
-from hotload.local.demo_trainer import DemoTrainer, PublishedSnapshot
 from hotload.local.region import Region, default_names
 from hotload.local.runtime.service_ports import read_ports
 from hotload.local.tools import kubectl_path
+from hotload.local.trainer import PolicyTrainer, PublishedSnapshot
 from hotload.operator.workload import label_selector, render_workload
 from hotload.storage import open_storage
 
@@ -139,7 +139,7 @@ class RegionSession:
         )  # fmt: skip
 
     def replicas_serving(self, identity: str) -> tuple[int, list[str]]:
-        """How many replicas serve ``identity`` verified; the problems of the others."""
+        """How many replicas serve ``identity`` verified and are Ready; the others' problems."""
         pods = self.core.list_namespaced_pod(
             self.namespace, label_selector=label_selector(DEPLOYMENT)
         ).items
@@ -150,6 +150,7 @@ class RegionSession:
             if (
                 notes.get(contract.ANNOTATION_SNAPSHOT) == identity
                 and notes.get(contract.ANNOTATION_STATE) == "Ready"
+                and _pod_ready(pod)
             ):
                 serving += 1
             elif notes.get(contract.ANNOTATION_STATE) == "Failed":
@@ -162,6 +163,13 @@ class RegionSession:
     def service_port(self) -> int | None:
         ports = read_ports(self.region.services_file)
         return ports.get(f"{self.namespace}/{DEPLOYMENT}", {}).get("http")
+
+
+def _pod_ready(pod: kubernetes.client.V1Pod) -> bool:
+    """Ready as the pod runtime says: containers ready and the readiness gate True, so the
+    region's Service routes to it."""
+    conditions = (pod.status.conditions if pod.status else None) or []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
 
 
 def _run_id() -> str:
@@ -238,7 +246,7 @@ def run_demo(settings: DemoSettings, say: Callable[[str], None] = print) -> Demo
     # Each run names its snapshots afresh: replicas left from an earlier run must never take
     # a new snapshot for one they already hold under the same name.
     run = _run_id()
-    trainer = DemoTrainer(
+    trainer = PolicyTrainer(
         regions.state_dir / "demo-trainer" / run,
         storage,
         name=f"{DEPLOYMENT}-{run}",

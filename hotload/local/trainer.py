@@ -1,9 +1,11 @@
-"""The demo's trainer: the reference model trained for real, snapshots published to a bucket.
+"""A trainer at toy scale: the reference model trained for real, snapshots published.
 
-It is the trainer of DESIGN.md's Flow step 1 at toy scale: fp32 master weights of the
-reference engine's architecture, AdamW on a genuine next-token loss over a small built-in
-text, and after each step an inference-ready bf16 snapshot encoded as a Full (the first)
-or a lossless delta against the one before, uploaded with the manifest last.
+It is the trainer of DESIGN.md's Flow step 1 for the demo, the tests and the benchmarks:
+fp32 master weights of the reference engine's architecture, AdamW on a genuine next-token
+loss over a small built-in text (or :meth:`PolicyTrainer.perturb`, an RL-like update
+without backprop for big models), and after each step an inference-ready bf16 snapshot
+encoded as a Full or a lossless delta against the one before, uploaded with the manifest
+last.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Final
 
 import torch
 
-from hotload.api import PolicySnapshot, SnapshotKind
+from hotload.api import KvCachePolicy, PolicySnapshot, SnapshotKind, SnapshotRef
 from hotload.engines import reference_model
 from hotload.engines import reference_tokenizer as tokenizer
 from hotload.snapshot import encode
@@ -48,6 +50,8 @@ class PublishedSnapshot:
     full_bytes: int
     """Bytes of the full weights' tensor data (the numerator of the compression ratio)."""
     loss: float
+    files: tuple[str, ...] = ()
+    """Its keys under ``<identity>/``, in upload order (the manifest last)."""
 
     @property
     def ratio(self) -> float:
@@ -65,8 +69,14 @@ class PublishedSnapshot:
             spec["incremental"] = {"previousIdentity": self.previous}
         return PolicySnapshot.model_validate({"metadata": {"name": self.identity}, "spec": spec})
 
+    def ref(self, policy: KvCachePolicy = KvCachePolicy.ALL) -> SnapshotRef:
+        """What a RolloutDeployment's ``status.targetSnapshot`` says about it."""
+        return SnapshotRef(
+            identity=self.identity, step=self.step, kind=self.kind, kv_cache_policy=policy
+        )
 
-class DemoTrainer:
+
+class PolicyTrainer:
     """fp32 master weights and AdamW; bf16 snapshots published to ``storage``."""
 
     def __init__(
@@ -107,14 +117,37 @@ class DemoTrainer:
         self.last_loss = float(loss.detach())
         return self.last_loss
 
-    def identity_for(self, step: int) -> str:
+    def perturb(self, fraction: float = 0.03) -> None:
+        """An RL-like update without the cost of backprop (benchmarks on big models):
+        ``fraction`` of the bf16 weights move by one ULP, the rest stay bit-identical
+        (DESIGN.md: ~99% unchanged at RL learning rates, ~3-5% deltas)."""
+        dtype = reference_model.storage_dtype(self.config)
+        with torch.no_grad():
+            for param in reference_model.parameters(self.model).values():
+                stored = param.detach().to(dtype).contiguous()
+                bits = stored.view(torch.int16).flatten()
+                chosen = torch.rand(bits.numel(), generator=self._generator) < fraction
+                signs = torch.randint(0, 2, (bits.numel(),), generator=self._generator) * 2 - 1
+                bits[chosen] += signs[chosen].to(torch.int16)
+                param.copy_(bits.view(dtype).view_as(param).to(param.dtype))
+        self.step += 1
+
+    def identity_for(self, step: int, kind: SnapshotKind) -> str:
         return f"{self.name}-step-{step}"
+
+    async def publish_full(self) -> PublishedSnapshot:
+        return await self.publish(full=True)
+
+    async def publish_delta(self) -> PublishedSnapshot:
+        if not self.published:
+            raise ValueError("a delta needs a snapshot before it")
+        return await self.publish(full=False)
 
     async def publish(self, *, full: bool) -> PublishedSnapshot:
         """Publish the current weights: a Full, or a delta against the last published."""
         previous = None if full or not self.published else self.published[-1]
         kind = SnapshotKind.INCREMENTAL if previous else SnapshotKind.FULL
-        identity = self.identity_for(self.step)
+        identity = self.identity_for(self.step, kind)
         weights = self.workdir / "weights" / identity
         encoded = self.workdir / "encoded" / identity
         await asyncio.to_thread(reference_model.save_snapshot, self.model, weights)
@@ -127,7 +160,7 @@ class DemoTrainer:
             step=self.step,
             previous_identity=previous.identity if previous else None,
         )
-        await publish_snapshot(self.storage, encoded, identity)
+        keys = await publish_snapshot(self.storage, encoded, identity)
         published = PublishedSnapshot(
             identity=identity,
             step=self.step,
@@ -137,6 +170,7 @@ class DemoTrainer:
             stored_bytes=result.stored_bytes,
             full_bytes=result.tensor_bytes,
             loss=self.last_loss,
+            files=tuple(key.removeprefix(f"{identity}/") for key in keys),
         )
         self.published.append(published)
         log.info(
