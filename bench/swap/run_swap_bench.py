@@ -41,8 +41,9 @@ from hotload.api.pod import REFERENCE_ENGINE_PORT
 from hotload.errors import RegionIndexTaken
 from hotload.local import down, up
 from hotload.local.bootstrap import api_client
+from hotload.local.trainer import PolicyTrainer
+from hotload.local.trainer import PublishedSnapshot as Published
 from hotload.storage import open_storage
-from tests.fixtures.trainer import Published, Trainer
 from tests.integration.sidecar.harness import SidecarHarness, eventually, rollout_deployment
 
 HERE = Path(__file__).resolve().parent
@@ -148,7 +149,7 @@ async def _run(size: str, deltas: int, fraction: float, workdir: Path) -> dict[s
     harness.workdir.mkdir()
     try:
         print(f"building the {size} trainer model ...", flush=True)
-        trainer = Trainer(workdir / "trainer", storage, size=size)
+        trainer = PolicyTrainer(workdir / "trainer", storage, name="policy", size=size)
         harness.create_deployment(rollout_deployment(DEPLOYMENT, f"file://{bucket}"))
         print("starting the pod (engine + sidecar) ...", flush=True)
         replica = await harness.replica(
