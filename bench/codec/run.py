@@ -30,6 +30,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parents[1]))  # this checkout's hotload, whatever is installed
 
 import baselines  # noqa: E402
 import limits  # noqa: E402

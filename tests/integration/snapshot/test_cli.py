@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,12 +12,16 @@ import yaml
 
 from tests.unit.snapshot.models import base_tensors, next_step, write_model
 
-HOTLOAD = Path(sys.executable).parent / "hotload"
+REPO = Path(__file__).resolve().parents[3]
+ENTRY = "import sys; sys.argv[0] = 'hotload'; from hotload.cli import main; main()"
 
 
 def hotload(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    command = [str(HOTLOAD) if HOTLOAD.exists() else "hotload", *map(str, args)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+    """``hotload ARGS`` as a process, running this checkout's code (the console script
+    may point at another installed copy)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-c", ENTRY, *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_encode_decode_verify_inspect(tmp_path: Path) -> None:
