@@ -15,16 +15,16 @@ from typing import Any
 import httpx
 
 from hotload.api import EngineKind, KvCachePolicy, SnapshotKind
-from hotload.engines.engine_http import EngineHttp, json_object, response_detail
+from hotload.engines.engine_http import json_object, response_detail
+from hotload.engines.http_engine import HttpEngine
 from hotload.engines.identity_fields import reference_identities
 from hotload.engines.protocol import PauseMode
-from hotload.engines.readiness import poll_until_healthy
-from hotload.errors import EngineBusy, EngineError, EngineRejected, EngineUnavailable, HotloadError
+from hotload.errors import EngineBusy, EngineError, EngineRejected, HotloadError
 
 DEFAULT_LOAD_TIMEOUT = 600.0
 
 
-class ReferenceEngine:
+class ReferenceEngine(HttpEngine):
     """Drives the reference engine over HTTP."""
 
     def __init__(
@@ -35,26 +35,12 @@ class ReferenceEngine:
         api_key: str | None = None,
         load_timeout: float = DEFAULT_LOAD_TIMEOUT,
     ) -> None:
-        self._http = EngineHttp(base_url, client, api_key=api_key)
+        super().__init__(base_url, client, api_key=api_key)
         self._load_timeout = load_timeout
 
     @property
     def kind(self) -> EngineKind:
         return EngineKind.REFERENCE
-
-    @property
-    def base_url(self) -> str:
-        return self._http.base_url
-
-    async def health(self) -> bool:
-        try:
-            response = await self._http.request("GET", "/health", timeout=5.0)
-        except EngineUnavailable:
-            return False
-        return response.status_code == 200
-
-    async def wait_ready(self, timeout: float) -> None:
-        await poll_until_healthy(self.health, timeout=timeout, url=self.base_url)
 
     async def served_identity(self) -> str | None:
         response = await self._http.request("GET", "/admin/identity")

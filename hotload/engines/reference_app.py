@@ -58,9 +58,7 @@ def _sse(payload: dict[str, Any] | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-def create_app(
-    runtime: ReferenceRuntime, *, served_name: str, root: Path | None = None
-) -> FastAPI:
+def create_app(runtime: ReferenceRuntime, *, served_name: str, root: Path | None = None) -> FastAPI:
     """The FastAPI app over ``runtime``.
 
     ``root`` is the pod's ``HOTLOAD_ROOT`` under the local runtime: the sidecar hands over

@@ -28,10 +28,10 @@ from typing import Any
 import httpx
 
 from hotload.api import EngineKind, KvCachePolicy, SnapshotKind
-from hotload.engines.engine_http import EngineHttp, json_object, response_detail
+from hotload.engines.engine_http import json_object, response_detail
+from hotload.engines.http_engine import HttpEngine
 from hotload.engines.identity_fields import weight_versions
 from hotload.engines.protocol import PauseMode
-from hotload.engines.readiness import poll_until_healthy
 from hotload.errors import EngineBusy, EngineRejected, EngineUnavailable
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ DEFAULT_FLUSH_TIMEOUT = 30.0
 _GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 
 
-class SGLangEngine:
+class SGLangEngine(HttpEngine):
     """Drives a running SGLang server over its HTTP admin API."""
 
     def __init__(
@@ -53,7 +53,7 @@ class SGLangEngine:
         load_timeout: float = DEFAULT_LOAD_TIMEOUT,
         flush_timeout: float = DEFAULT_FLUSH_TIMEOUT,
     ) -> None:
-        self._http = EngineHttp(base_url, client, api_key=api_key)
+        super().__init__(base_url, client, api_key=api_key)
         self._load_timeout = load_timeout
         self._flush_timeout = flush_timeout
         self._lora: str | None = None
@@ -63,23 +63,9 @@ class SGLangEngine:
         return EngineKind.SGLANG
 
     @property
-    def base_url(self) -> str:
-        return self._http.base_url
-
-    @property
     def active_lora(self) -> str | None:
         """The adapter name requests are routed to, if a LoRA snapshot is served."""
         return self._lora
-
-    async def health(self) -> bool:
-        try:
-            response = await self._http.request("GET", "/health", timeout=5.0)
-        except EngineUnavailable:
-            return False
-        return response.status_code == 200
-
-    async def wait_ready(self, timeout: float) -> None:
-        await poll_until_healthy(self.health, timeout=timeout, url=self.base_url)
 
     async def served_identity(self) -> str | None:
         response = await self._http.request("GET", "/model_info")

@@ -32,11 +32,11 @@ from typing import Any
 import httpx
 
 from hotload.api import EngineKind, KvCachePolicy, SnapshotKind
-from hotload.engines.engine_http import EngineHttp, json_object, response_detail
+from hotload.engines.engine_http import json_object, response_detail
+from hotload.engines.http_engine import HttpEngine
 from hotload.engines.identity_fields import weight_versions
 from hotload.engines.protocol import PauseMode
-from hotload.engines.readiness import poll_until_healthy
-from hotload.errors import EngineBusy, EngineRejected, EngineUnavailable
+from hotload.errors import EngineBusy, EngineRejected
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ _DEV_MODE_HINT = "start vLLM with VLLM_SERVER_DEV_MODE=1 (admin routes are dev-m
 _LORA_HINT = "start vLLM with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 and --enable-lora"
 
 
-class VLLMEngine:
+class VLLMEngine(HttpEngine):
     """Drives a running vLLM OpenAI server over its dev-mode admin routes."""
 
     def __init__(
@@ -60,7 +60,7 @@ class VLLMEngine:
         flush_timeout: float = DEFAULT_FLUSH_TIMEOUT,
         flush_retry_interval: float = 0.5,
     ) -> None:
-        self._http = EngineHttp(base_url, client, api_key=api_key)
+        super().__init__(base_url, client, api_key=api_key)
         self._load_timeout = load_timeout
         self._flush_timeout = flush_timeout
         self._flush_retry_interval = flush_retry_interval
@@ -73,22 +73,8 @@ class VLLMEngine:
         return EngineKind.VLLM
 
     @property
-    def base_url(self) -> str:
-        return self._http.base_url
-
-    @property
     def active_lora(self) -> str | None:
         return self._lora
-
-    async def health(self) -> bool:
-        try:
-            response = await self._http.request("GET", "/health", timeout=5.0)
-        except EngineUnavailable:
-            return False
-        return response.status_code == 200
-
-    async def wait_ready(self, timeout: float) -> None:
-        await poll_until_healthy(self.health, timeout=timeout, url=self.base_url)
 
     async def served_identity(self) -> str | None:
         response = await self._http.request("GET", "/weight_info")
