@@ -264,6 +264,11 @@ class SnapshotLoader:
                     self.staging.fetch_dir(identity),
                     self.staging.snapshot_dir(identity),
                     threads=self.decode_threads,
+                    # The verify phase has just hashed every stored file.
+                    stored_verified=True,
+                    # An intermediate rebuild of a replay is dropped once the next stands
+                    # on it: patch it in place. The held (served) snapshot is never consumed.
+                    consume_previous=previous is not None and previous != held,
                 )
                 log.info(
                     "snapshot rebuilt and verified",

@@ -87,6 +87,7 @@ def rebuild(
     threads: int = 1,
     verify_previous: bool = False,
     consume_previous: bool = False,
+    stored_verified: bool = False,
 ) -> RebuildResult:
     """Rebuild the full directory of ``snapshot`` into ``out`` (absent or empty), verified.
 
@@ -100,9 +101,14 @@ def rebuild(
     faster, and ``previous`` is gone afterwards — unless the rebuild fails, which
     restores it exactly. It applies when every shard keeps its path and header;
     otherwise the rebuild is a fresh copy as without it.
+
+    ``stored_verified`` says the caller has just checked every stored file of ``snapshot``
+    against this manifest (the sidecar's verify phase), so they are not hashed twice;
+    every rebuilt tensor is still checked against its hash.
     """
     manifest = read_manifest(snapshot)
-    verify_stored_files(snapshot, manifest)
+    if not stored_verified:
+        verify_stored_files(snapshot, manifest)
     digest = tensor_set_digest((t.name, t.hash) for t in manifest.tensors)
     incremental = manifest.kind is SnapshotKind.INCREMENTAL
     if incremental and previous is None:

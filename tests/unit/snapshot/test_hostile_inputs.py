@@ -344,3 +344,31 @@ def test_encoder_refuses_a_symlink_out_of_the_model_directory(tmp_path: Path) ->
     (v2 / "sub" / "evil.json").symlink_to(tmp_path / "nowhere")
     result = encode(v1, v2, tmp_path / "s", identity="s", step=1, previous_identity="p")
     assert "sub/evil.json" not in result.manifest.files_to_fetch()
+
+
+def test_skipping_the_stored_file_hashes_never_yields_wrong_weights(chain: Chain) -> None:
+    """The sidecar hashes stored files once (its verify phase) and tells rebuild so. A
+    corruption after that check must then end in a typed error or in output that is still
+    bit-exact (the rebuilt tensors' hashes decide), never in other weights, and a failed
+    rebuild leaves nothing behind."""
+    clean = chain.root / "clean"
+    rebuild(chain.rebuilt_v1, chain.snapshot, clean)
+    expected = (clean / "model.safetensors").read_bytes()
+    path = delta_file(chain)
+    original = path.read_bytes()
+    caught = 0
+    for position in range(0, len(original), max(1, len(original) // 24)):
+        corrupted = bytearray(original)
+        corrupted[position] ^= 0x5A
+        path.write_bytes(bytes(corrupted))
+        out = chain.root / f"out-{position}"
+        try:
+            rebuild(chain.rebuilt_v1, chain.snapshot, out, stored_verified=True)
+        except (DecodeFailed, ChecksumMismatch, ManifestInvalid):
+            caught += 1
+            assert not out.exists()
+            assert leftovers(chain.root) == []
+        else:
+            assert (out / "model.safetensors").read_bytes() == expected, position
+    path.write_bytes(original)
+    assert caught > 0, "no corruption was caught: the rebuilt-tensor check is not running"
