@@ -266,9 +266,11 @@ class SnapshotLoader:
                     threads=self.decode_threads,
                     # The verify phase has just hashed every stored file.
                     stored_verified=True,
-                    # An intermediate rebuild of a replay is dropped once the next stands
-                    # on it: patch it in place. The held (served) snapshot is never consumed.
-                    consume_previous=previous is not None and previous != held,
+                    # Patch the previous rebuild in place instead of copying it: the engine
+                    # serves from memory, a failed rebuild gives the previous back exactly,
+                    # and should it be gone (a crash mid-way, a refused swap) the agent holds
+                    # nothing in staging and replays from the last Full.
+                    consume_previous=previous is not None,
                 )
                 log.info(
                     "snapshot rebuilt and verified",
