@@ -151,8 +151,14 @@ def test_shared_pods_run_the_real_agent_as_tasks_of_one_host_and_turn_ready(
         core.create_namespaced_pod(ns, _shared_pod(name))
 
     def all_ready() -> list[dict[str, Any]] | None:
+        # Ready (the gate) and the state annotation are two writes; wait for both to settle.
         pods = [read_pod(core, ns, name) or {} for name in names]
-        return pods if all(condition(p, "Ready") == "True" for p in pods) else None
+        settled = all(
+            condition(p, "Ready") == "True"
+            and (p.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_STATE) == "Ready"
+            for p in pods
+        )
+        return pods if settled else None
 
     pods = wait_for("every shared pod Ready (its agent loaded the target)", all_ready, 180)
     for pod in pods:
