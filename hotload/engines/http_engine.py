@@ -1,7 +1,8 @@
 """What every engine reached over HTTP shares: its address, its health probe, the wait.
 
 The reference, SGLang and vLLM adapters differ in how they load, pause and reset; they do
-not differ in how one asks whether the engine is up, so that lives here once.
+not differ in how one asks whether the engine is up or lets go of the connection, so
+that lives here once.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ HEALTH_TIMEOUT_S = 5.0
 
 
 class HttpEngine:
-    """Base of the HTTP adapters: ``base_url``, ``health()`` and ``wait_ready()``."""
+    """Base of the HTTP adapters: ``base_url``, ``health()``, ``wait_ready()``, ``aclose()``."""
 
     health_path: ClassVar[str] = "/health"
 
@@ -41,3 +42,7 @@ class HttpEngine:
 
     async def wait_ready(self, timeout: float) -> None:
         await poll_until_healthy(self.health, timeout=timeout, url=self.base_url)
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (only when this adapter created it)."""
+        await self._http.aclose()

@@ -77,9 +77,6 @@ class ReferenceEngine(HttpEngine):
     def identities_of(self, payload: Mapping[str, Any]) -> list[str]:
         return reference_identities(payload)
 
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
     def _raise_for(self, response: httpx.Response, operation: str, **context: Any) -> None:
         status = response.status_code
         if status < 300:

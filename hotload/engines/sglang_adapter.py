@@ -205,6 +205,3 @@ class SGLangEngine(HttpEngine):
 
     def identities_of(self, payload: Mapping[str, Any]) -> list[str]:
         return weight_versions(payload)
-
-    async def aclose(self) -> None:
-        await self._http.aclose()

@@ -225,9 +225,6 @@ class VLLMEngine(HttpEngine):
     def identities_of(self, payload: Mapping[str, Any]) -> list[str]:
         return weight_versions(payload)
 
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
     def _check_route(self, response: httpx.Response, route: str) -> None:
         if response.status_code == 404:
             raise EngineRejected(

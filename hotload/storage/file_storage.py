@@ -18,16 +18,12 @@ from typing import Final, TypeVar
 
 from hotload.errors import ObjectTooLarge
 from hotload.storage.bucket_url import BucketUrl, check_key, check_prefix
-from hotload.storage.download import ranged_download
 from hotload.storage.error_mapping import map_os_error
 from hotload.storage.protocol import (
-    DEFAULT_CONCURRENCY,
     DEFAULT_GET_LIMIT,
-    DEFAULT_PART_SIZE,
-    DownloadResult,
     ObjectInfo,
-    ProgressCallback,
 )
+from hotload.storage.ranged_store import RangedReadStore
 from hotload.storage.retry import RetryPolicy, call_with_retry
 
 T = TypeVar("T")
@@ -36,7 +32,7 @@ T = TypeVar("T")
 TEMP_PREFIX: Final = ".hotload-tmp-"
 
 
-class FileStorage:
+class FileStorage(RangedReadStore):
     """A :class:`~hotload.storage.protocol.Storage` over a local directory."""
 
     def __init__(self, bucket: BucketUrl, *, retry: RetryPolicy | None = None) -> None:
@@ -119,37 +115,6 @@ class FileStorage:
     async def stat(self, key: str) -> ObjectInfo:
         path = self._path(key)
         return await self._run(lambda: self._info(key, path), key=key, operation="stat")
-
-    async def size(self, key: str) -> int:
-        return (await self.stat(key)).size
-
-    async def download(
-        self,
-        key: str,
-        dest: Path,
-        *,
-        expected_size: int | None = None,
-        part_size: int = DEFAULT_PART_SIZE,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        progress: ProgressCallback | None = None,
-    ) -> DownloadResult:
-        info = await self.stat(key)
-
-        async def read_range(start: int, end: int) -> bytes:
-            return await self.get_range(key, start, end)
-
-        return await ranged_download(
-            key=key,
-            info=info,
-            read_range=read_range,
-            dest=dest,
-            expected_size=expected_size,
-            part_size=part_size,
-            concurrency=concurrency,
-            retry=RetryPolicy(attempts=1),  # get_range already retries
-            progress=progress,
-            url=self.url,
-        )
 
     def _write_atomically(self, path: Path, fill: Callable[[int], None]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -24,16 +24,12 @@ from botocore.config import Config
 from hotload.errors import HotloadError, ObjectTooLarge
 from hotload.storage.bucket_url import BucketUrl, check_prefix
 from hotload.storage.credentials import StorageCredentials
-from hotload.storage.download import ranged_download
 from hotload.storage.error_mapping import map_botocore_error
 from hotload.storage.protocol import (
-    DEFAULT_CONCURRENCY,
     DEFAULT_GET_LIMIT,
-    DEFAULT_PART_SIZE,
-    DownloadResult,
     ObjectInfo,
-    ProgressCallback,
 )
+from hotload.storage.ranged_store import RangedReadStore
 from hotload.storage.retry import RetryPolicy, call_with_retry
 
 log = logging.getLogger(__name__)
@@ -42,7 +38,7 @@ T = TypeVar("T")
 AddressingStyle = Literal["auto", "path", "virtual"]
 
 
-class S3Storage:
+class S3Storage(RangedReadStore):
     """A :class:`~hotload.storage.protocol.Storage` over an S3-compatible bucket."""
 
     def __init__(
@@ -173,37 +169,6 @@ class S3Storage:
             )
 
         return await self._call(head, key=key, operation="stat")
-
-    async def size(self, key: str) -> int:
-        return (await self.stat(key)).size
-
-    async def download(
-        self,
-        key: str,
-        dest: Path,
-        *,
-        expected_size: int | None = None,
-        part_size: int = DEFAULT_PART_SIZE,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        progress: ProgressCallback | None = None,
-    ) -> DownloadResult:
-        info = await self.stat(key)
-
-        async def read_range(start: int, end: int) -> bytes:
-            return await self.get_range(key, start, end)
-
-        return await ranged_download(
-            key=key,
-            info=info,
-            read_range=read_range,
-            dest=dest,
-            expected_size=expected_size,
-            part_size=part_size,
-            concurrency=concurrency,
-            retry=RetryPolicy(attempts=1),  # get_range already retries
-            progress=progress,
-            url=self.url,
-        )
 
     async def put(self, key: str, data: bytes) -> None:
         object_key = self._bucket.object_key(key)
