@@ -4,8 +4,9 @@ What it does, on a region of its own (its own state directory, torn down at the 
 
 1. ``hotload local up`` one region with enough fake nodes (256 pods each);
 2. a RolloutDeployment with the ``noop`` engine and a ``file://`` bucket holding a tiny
-   Full snapshot as its target, the sidecar's RBAC, and a StatefulSet of N pods annotated
-   ``hotload.dev/runtime: shared`` (the sidecar and ``hotload engine noop``);
+   Full snapshot as its target, and the sidecar's RBAC and a StatefulSet of N pods as the
+   operator's workload renderer makes them (the ``noop`` engine marks the pods
+   ``hotload.dev/runtime: shared``: the sidecar and ``hotload engine noop``);
 3. waits until every pod reports on itself: the real sidecar agent (one asyncio task per
    pod in the deployment's host process, each with its own pod-bound token and metrics
    registry) loaded the target and wrote ``hotload.dev/state: Ready`` and
@@ -43,15 +44,10 @@ sys.path.insert(0, str(REPO))
 
 from kubernetes import client as k8s  # noqa: E402
 
-from hotload.api import API_VERSION  # noqa: E402
 from hotload.api.pod import (  # noqa: E402
-    ANNOTATION_RUNTIME,
     ANNOTATION_SNAPSHOT,
     ANNOTATION_STATE,
     CONDITION_SNAPSHOT_READY,
-    RUNTIME_SHARED,
-    SIDECAR_RBAC_RULES,
-    STAGING_MOUNT_PATH,
 )
 from hotload.errors import RegionIndexTaken  # noqa: E402
 from hotload.local import LocalRegions, Region, down, up  # noqa: E402
@@ -60,11 +56,14 @@ from hotload.local.bootstrap import api_client  # noqa: E402
 from hotload.local.runtime import PROCESS_NAME  # noqa: E402
 from hotload.local.runtime.process_ledger import ProcessLedger  # noqa: E402
 from hotload.local.runtime.region_process import settings_for  # noqa: E402
+from tests.integration.runtime.shared_fleet import (  # noqa: E402
+    create_stateful_set,
+    install_shared_deployment,
+)
 from tests.integration.runtime.tiny_snapshot import publish_tiny_full  # noqa: E402
 
 NAMESPACE = "scale"
 DEPLOYMENT = "fleet"
-TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
 PODS_PER_NODE = 256
 
 
@@ -114,45 +113,6 @@ class RssSampler:
         self._thread.join()
 
 
-def shared_template() -> dict[str, Any]:
-    mount = [{"name": "staging", "mountPath": STAGING_MOUNT_PATH}]
-    env = [
-        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-        {"name": "HOTLOAD_DEPLOYMENT", "value": DEPLOYMENT},
-    ]
-    return {
-        "metadata": {
-            "labels": {"app": DEPLOYMENT},
-            "annotations": {ANNOTATION_RUNTIME: RUNTIME_SHARED},
-        },
-        "spec": {
-            "serviceAccountName": "fleet-sidecar",
-            "terminationGracePeriodSeconds": 5,
-            "readinessGates": [{"conditionType": CONDITION_SNAPSHOT_READY}],
-            "tolerations": [TOLERATION],
-            "volumes": [{"name": "staging", "emptyDir": {"medium": "Memory"}}],
-            "containers": [
-                {
-                    "name": "engine",
-                    "image": "hotload:dev",
-                    "command": ["hotload", "engine", "noop"],
-                    "volumeMounts": mount,
-                },
-                {
-                    "name": "sidecar",
-                    "image": "hotload:dev",
-                    "command": ["hotload", "sidecar"],
-                    "env": env,
-                    "volumeMounts": mount,
-                },
-            ],
-        },
-    }
-
-
 def bring_up(state: Path, nodes: int) -> LocalRegions:
     for base in range(211, 250):
         try:
@@ -163,68 +123,12 @@ def bring_up(state: Path, nodes: int) -> LocalRegions:
 
 
 def create_workload(api: k8s.ApiClient, bucket: Path, target: dict[str, Any], pods: int) -> None:
-    core = k8s.CoreV1Api(api)
-    core.create_namespace({"metadata": {"name": NAMESPACE}})
-    core.create_namespaced_service_account(NAMESPACE, {"metadata": {"name": "fleet-sidecar"}})
-    rbac = k8s.RbacAuthorizationV1Api(api)
-    rbac.create_namespaced_role(
-        NAMESPACE, {"metadata": {"name": "fleet-sidecar"}, "rules": list(SIDECAR_RBAC_RULES)}
+    """The deployment, its sidecar RBAC and StatefulSet, as the operator's renderer makes them."""
+    k8s.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
+    deployment = install_shared_deployment(
+        api, NAMESPACE, DEPLOYMENT, bucket=bucket, replicas=pods, target=target
     )
-    rbac.create_namespaced_role_binding(
-        NAMESPACE,
-        {
-            "metadata": {"name": "fleet-sidecar"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "Role",
-                "name": "fleet-sidecar",
-            },
-            "subjects": [
-                {"kind": "ServiceAccount", "name": "fleet-sidecar", "namespace": NAMESPACE}
-            ],
-        },
-    )
-    group, version = API_VERSION.split("/")
-    custom = k8s.CustomObjectsApi(api)
-    custom.create_namespaced_custom_object(
-        group,
-        version,
-        NAMESPACE,
-        "rolloutdeployments",
-        {
-            "apiVersion": API_VERSION,
-            "kind": "RolloutDeployment",
-            "metadata": {"name": DEPLOYMENT},
-            "spec": {
-                "model": {"name": "tiny", "servedName": "policy"},
-                "engine": {"kind": "noop", "port": 8000},
-                "replicas": pods,
-                "hotLoad": {"bucketUrl": f"file://{bucket}", "transition": "ASYNC"},
-            },
-        },
-    )
-    custom.patch_namespaced_custom_object_status(
-        group,
-        version,
-        NAMESPACE,
-        "rolloutdeployments",
-        DEPLOYMENT,
-        {"status": {"targetSnapshot": target}},
-    )
-    template = shared_template()
-    k8s.AppsV1Api(api).create_namespaced_stateful_set(
-        NAMESPACE,
-        {
-            "metadata": {"name": DEPLOYMENT},
-            "spec": {
-                "replicas": pods,
-                "serviceName": DEPLOYMENT,
-                "podManagementPolicy": "Parallel",
-                "selector": {"matchLabels": template["metadata"]["labels"]},
-                "template": template,
-            },
-        },
-    )
+    create_stateful_set(api, NAMESPACE, deployment)
 
 
 def census(api: k8s.ApiClient, identity: str) -> dict[str, int]:

@@ -20,8 +20,6 @@ import httpx
 import pytest
 from kubernetes import client as k8s
 
-from hotload.api import API_VERSION
-from hotload.api.pod import ANNOTATION_RUNTIME, RUNTIME_SHARED, SIDECAR_RBAC_RULES
 from hotload.errors import RegionIndexTaken
 from hotload.local import LocalRegions, Region, down, up
 from hotload.local import processes as region_processes
@@ -36,6 +34,7 @@ from tests.integration.runtime.conftest import (
     read_pod,
     wait_for,
 )
+from tests.integration.runtime.shared_fleet import install_shared_deployment, shared_pod
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(400)]
 
@@ -93,36 +92,6 @@ def _echo_pod() -> dict[str, Any]:
                         "periodSeconds": 1,
                     },
                 }
-            ],
-        },
-    }
-
-
-def _shared_pod(name: str) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "annotations": {ANNOTATION_RUNTIME: RUNTIME_SHARED}},
-        "spec": {
-            "serviceAccountName": "fleet-sidecar",
-            "tolerations": [TOLERATION],
-            "containers": [
-                {
-                    "name": "engine",
-                    "image": "hotload:dev",
-                    "command": ["hotload", "engine", "noop"],
-                },
-                {
-                    "name": "sidecar",
-                    "image": "hotload:dev",
-                    "command": ["hotload", "sidecar"],
-                    "env": [
-                        *ECHO_ENV,
-                        {
-                            "name": "POD_NAMESPACE",
-                            "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
-                        },
-                        {"name": "HOTLOAD_DEPLOYMENT", "value": "fleet"},
-                    ],
-                },
             ],
         },
     }
@@ -202,43 +171,9 @@ def test_down_leaves_no_process_and_no_port(
 ) -> None:
     core = solo_core
     with api_client(solo_region) as api:
-        core.create_namespaced_service_account(NS, {"metadata": {"name": "fleet-sidecar"}})
-        rbac = k8s.RbacAuthorizationV1Api(api)
-        rbac.create_namespaced_role(
-            NS, {"metadata": {"name": "fleet-sidecar"}, "rules": list(SIDECAR_RBAC_RULES)}
-        )
-        rbac.create_namespaced_role_binding(
-            NS,
-            {
-                "metadata": {"name": "fleet-sidecar"},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "Role",
-                    "name": "fleet-sidecar",
-                },
-                "subjects": [{"kind": "ServiceAccount", "name": "fleet-sidecar", "namespace": NS}],
-            },
-        )
-        group, version = API_VERSION.split("/")
-        k8s.CustomObjectsApi(api).create_namespaced_custom_object(
-            group,
-            version,
-            NS,
-            "rolloutdeployments",
-            {
-                "apiVersion": API_VERSION,
-                "kind": "RolloutDeployment",
-                "metadata": {"name": "fleet"},
-                "spec": {
-                    "model": {"name": "tiny", "servedName": "policy"},
-                    "engine": {"kind": "noop", "port": 8000},
-                    "replicas": 2,
-                    "hotLoad": {"bucketUrl": f"file://{tmp_path}", "transition": "ASYNC"},
-                },
-            },
-        )
+        deployment = install_shared_deployment(api, NS, "fleet", bucket=tmp_path, replicas=2)
     for name in ("fleet-0", "fleet-1"):
-        core.create_namespaced_pod(NS, _shared_pod(name))
+        core.create_namespaced_pod(NS, shared_pod(deployment, name))
 
     def shared_running() -> list[dict[str, Any]] | None:
         pods = [read_pod(core, NS, n) or {} for n in ("fleet-0", "fleet-1")]

@@ -17,72 +17,26 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from hotload.api import API_VERSION
 from hotload.api.pod import (
-    ANNOTATION_RUNTIME,
     ANNOTATION_SNAPSHOT,
     ANNOTATION_STATE,
     CONDITION_SNAPSHOT_READY,
-    RUNTIME_SHARED,
-    SIDECAR_RBAC_RULES,
-    STAGING_MOUNT_PATH,
 )
 from hotload.local import Region
 from hotload.local.runtime.process_ledger import start_ticks
 from tests.integration.runtime.conftest import (
-    TOLERATION,
     condition,
     container_status,
     read_pod,
     wait_for,
 )
+from tests.integration.runtime.shared_fleet import install_shared_deployment, shared_pod
 from tests.integration.runtime.tiny_snapshot import publish_tiny_full
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
 PODS = 3
 DEPLOYMENT = "fleet"
-
-
-def _shared_pod(name: str) -> dict[str, Any]:
-    mount = [{"name": "staging", "mountPath": STAGING_MOUNT_PATH}]
-    env = [
-        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-        {"name": "HOTLOAD_DEPLOYMENT", "value": DEPLOYMENT},
-    ]
-    return {
-        "metadata": {
-            "name": name,
-            "labels": {"app": DEPLOYMENT},
-            "annotations": {ANNOTATION_RUNTIME: RUNTIME_SHARED},
-        },
-        "spec": {
-            "serviceAccountName": "fleet-sidecar",
-            "terminationGracePeriodSeconds": 5,
-            "readinessGates": [{"conditionType": CONDITION_SNAPSHOT_READY}],
-            "tolerations": [TOLERATION],
-            "volumes": [{"name": "staging", "emptyDir": {"medium": "Memory"}}],
-            "containers": [
-                {
-                    "name": "engine",
-                    "image": "hotload:dev",
-                    "command": ["hotload", "engine", "noop"],
-                    "volumeMounts": mount,
-                },
-                {
-                    "name": "sidecar",
-                    "image": "hotload:dev",
-                    "command": ["hotload", "sidecar"],
-                    "env": env,
-                    "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8480}},
-                    "volumeMounts": mount,
-                },
-            ],
-        },
-    }
 
 
 def _host_pid(pod: dict[str, Any]) -> int:
@@ -102,53 +56,17 @@ def test_shared_pods_run_the_real_agent_as_tasks_of_one_host_and_turn_ready(
     api = kube_clients[region.name]
     bucket = tmp_path / "bucket"
     target = asyncio.run(publish_tiny_full(bucket, tmp_path / "work", "tiny-step-1", 1))
-    core.create_namespaced_service_account(ns, {"metadata": {"name": "fleet-sidecar"}})
-    rbac = k8s.RbacAuthorizationV1Api(api)
-    rbac.create_namespaced_role(
-        ns, {"metadata": {"name": "fleet-sidecar"}, "rules": list(SIDECAR_RBAC_RULES)}
-    )
-    rbac.create_namespaced_role_binding(
+    deployment = install_shared_deployment(
+        api,
         ns,
-        {
-            "metadata": {"name": "fleet-sidecar"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "Role",
-                "name": "fleet-sidecar",
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": "fleet-sidecar", "namespace": ns}],
-        },
-    )
-    custom = k8s.CustomObjectsApi(api)
-    group, version = API_VERSION.split("/")
-    custom.create_namespaced_custom_object(
-        group,
-        version,
-        ns,
-        "rolloutdeployments",
-        {
-            "apiVersion": API_VERSION,
-            "kind": "RolloutDeployment",
-            "metadata": {"name": DEPLOYMENT},
-            "spec": {
-                "model": {"name": "tiny", "servedName": "policy"},
-                "engine": {"kind": "noop", "port": 8000},
-                "replicas": PODS,
-                "hotLoad": {"bucketUrl": f"file://{bucket}", "transition": "ASYNC"},
-            },
-        },
-    )
-    custom.patch_namespaced_custom_object_status(
-        group,
-        version,
-        ns,
-        "rolloutdeployments",
         DEPLOYMENT,
-        {"status": {"targetSnapshot": target.model_dump(mode="json", by_alias=True)}},
+        bucket=bucket,
+        replicas=PODS,
+        target=target.model_dump(mode="json", by_alias=True),
     )
     names = [f"{DEPLOYMENT}-{n}" for n in range(PODS)]
     for name in names:
-        core.create_namespaced_pod(ns, _shared_pod(name))
+        core.create_namespaced_pod(ns, shared_pod(deployment, name))
 
     def all_ready() -> list[dict[str, Any]] | None:
         # Ready (the gate) and the state annotation are two writes; wait for both to settle.
