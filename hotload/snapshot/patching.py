@@ -52,19 +52,11 @@ def words_of(array: np.ndarray, entry: TensorEntry) -> np.ndarray:
     return array.reshape(-1).view(np.uint8).view(dtype.word)
 
 
-def patch_tensors(
-    tensors: MutableMapping[str, np.ndarray],
-    snapshot: Path,
-    *,
-    held_identity: str | None = None,
-    manifest: Manifest | None = None,
+def checked_delta(
+    snapshot: Path, held_identity: str | None, manifest: Manifest | None = None
 ) -> Manifest:
-    """Patch ``tensors`` (name → C-contiguous array of the previous weights) in place.
-
-    New tensors (codec ``raw``) are inserted as flat word arrays; tensors the snapshot
-    no longer has are removed. ``held_identity``, when given, must be the delta's
-    previous snapshot (:class:`ChainBroken` otherwise).
-    """
+    """The delta's manifest once it may patch what is held: a delta, of the held
+    snapshot, whose stored files all check out (before any weight is touched)."""
     manifest = manifest or read_manifest(snapshot)
     if manifest.kind is not SnapshotKind.INCREMENTAL:
         raise DecodeFailed(
@@ -78,6 +70,23 @@ def patch_tensors(
             found=held_identity,
         )
     verify_stored_files(snapshot, manifest)
+    return manifest
+
+
+def patch_tensors(
+    tensors: MutableMapping[str, np.ndarray],
+    snapshot: Path,
+    *,
+    held_identity: str | None = None,
+    manifest: Manifest | None = None,
+) -> Manifest:
+    """Patch ``tensors`` (name → C-contiguous array of the previous weights) in place.
+
+    New tensors (codec ``raw``) are inserted as flat word arrays; tensors the snapshot
+    no longer has are removed. ``held_identity``, when given, must be the delta's
+    previous snapshot (:class:`ChainBroken` otherwise).
+    """
+    manifest = checked_delta(snapshot, held_identity, manifest)
     undo: list[_Undo] = []
     removed = {name: tensors[name] for name in set(tensors) - {t.name for t in manifest.tensors}}
     with ExitStack() as stack:

@@ -24,7 +24,6 @@ from typing import Any, Final
 import numpy as np
 import torch
 
-from hotload.api import SnapshotKind
 from hotload.errors import ChainBroken, ChecksumMismatch, DecodeFailed
 from hotload.snapshot.codec import dense, sparse
 from hotload.snapshot.codec.sparse import gap_planes_for
@@ -32,9 +31,9 @@ from hotload.snapshot.codec.tensor_codec import ChunkJob, WordBackend, plan_deco
 from hotload.snapshot.delta_files import DeltaFiles
 from hotload.snapshot.digest import tensor_hash, tensor_set_digest
 from hotload.snapshot.dtypes import DTYPES
-from hotload.snapshot.manifest import CodecId, Manifest, TensorEntry, read_manifest
+from hotload.snapshot.manifest import CodecId, Manifest, TensorEntry
+from hotload.snapshot.patching import checked_delta
 from hotload.snapshot.safetensors_file import SafetensorsHeader, TensorInfo
-from hotload.snapshot.verifier import verify_stored_files
 
 _SIGNED: Final = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _WIDER: Final = {1: torch.int16, 2: torch.int32, 4: torch.int64}
@@ -162,17 +161,7 @@ def patch_state_dict(
     error every change is undone. Tensors the delta rewrites (``raw``) are replaced by
     new tensors on the same device as the others; removed ones are dropped.
     """
-    manifest = read_manifest(snapshot)
-    if manifest.kind is not SnapshotKind.INCREMENTAL:
-        raise DecodeFailed("only an incremental snapshot patches weights", kind=manifest.kind.value)
-    if held_identity is not None and held_identity != manifest.previous:
-        raise ChainBroken(
-            "the held weights are not this delta's previous snapshot",
-            identity=manifest.identity,
-            expected=manifest.previous,
-            found=held_identity,
-        )
-    verify_stored_files(snapshot, manifest)
+    manifest = checked_delta(snapshot, held_identity)
     device = next(iter(state_dict.values())).device if state_dict else torch.device("cpu")
     undo: list[_Undo] = []
     replaced: dict[str, torch.Tensor | None] = {}
