@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from hotload.local.trainer import PublishedSnapshot
 from hotload.storage import Storage, open_storage
 from tests.fixtures.minio import TEST_ACCESS_KEY, TEST_SECRET_KEY, MinioServer
 from tests.fixtures.trainer import PROBE_TOKENS, Trainer
@@ -46,6 +47,27 @@ async def _bytes_done(harness: SidecarHarness, replica: Replica, at_least: int) 
     return done if status["phase"] == "Fetching" and done >= at_least else None
 
 
+async def _slow_full_download(
+    name: str,
+    harness: SidecarHarness,
+    trainer: Trainer,
+    url: str,
+    minio: MinioServer,
+    toxiproxy: Toxiproxy,  # noqa: F811
+) -> tuple[Replica, PublishedSnapshot]:
+    """A replica whose sidecar reaches the bucket through a slowed proxy, told to load a
+    fresh Full snapshot: its download crawls, so a test can break it midway."""
+    toxiproxy.create(f"127.0.0.1:{minio.port}")
+    harness.create_deployment(rollout_deployment(name, url, endpoint=toxiproxy.endpoint))
+    replica = await harness.replica(
+        f"{name}-0", name, credentials=CREDENTIALS, sidecar_args=SLOW_DOWNLOAD
+    )
+    full = await trainer.publish_full()
+    toxiproxy.slow(8)
+    harness.set_target(name, full.ref())
+    return replica, full
+
+
 async def test_download_survives_a_storage_outage_and_completes(
     harness: SidecarHarness,
     s3_trainer: Trainer,
@@ -53,15 +75,9 @@ async def test_download_survives_a_storage_outage_and_completes(
     minio: MinioServer,
     toxiproxy: Toxiproxy,  # noqa: F811
 ) -> None:
-    url, _ = s3
-    toxiproxy.create(f"127.0.0.1:{minio.port}")
-    harness.create_deployment(rollout_deployment("outage", url, endpoint=toxiproxy.endpoint))
-    replica = await harness.replica(
-        "outage-0", "outage", credentials=CREDENTIALS, sidecar_args=SLOW_DOWNLOAD
+    replica, full = await _slow_full_download(
+        "outage", harness, s3_trainer, s3[0], minio, toxiproxy
     )
-    full = await s3_trainer.publish_full()
-    toxiproxy.slow(8)
-    harness.set_target("outage", full.ref())
     await eventually(
         lambda: _bytes_done(harness, replica, 16384), timeout=60, what="a download under way"
     )
@@ -96,15 +112,9 @@ async def test_sidecar_killed_mid_download_resumes_and_serves_only_verified_weig
     minio: MinioServer,
     toxiproxy: Toxiproxy,  # noqa: F811
 ) -> None:
-    url, _ = s3
-    toxiproxy.create(f"127.0.0.1:{minio.port}")
-    harness.create_deployment(rollout_deployment("killed", url, endpoint=toxiproxy.endpoint))
-    replica = await harness.replica(
-        "killed-0", "killed", credentials=CREDENTIALS, sidecar_args=SLOW_DOWNLOAD
+    replica, full = await _slow_full_download(
+        "killed", harness, s3_trainer, s3[0], minio, toxiproxy
     )
-    full = await s3_trainer.publish_full()
-    toxiproxy.slow(8)
-    harness.set_target("killed", full.ref())
     done = await eventually(
         lambda: _bytes_done(harness, replica, 3 * 16384), timeout=60, what="a third of the download"
     )
