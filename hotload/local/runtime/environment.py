@@ -31,6 +31,7 @@ BASE_ENV_NAMES: Final = (
     "TZ",
     "TMPDIR",
     "VIRTUAL_ENV",
+    "PYTHONPATH",
     "HOTLOAD_CACHE",
     "HOTLOAD_LOG_LEVEL",
 )
