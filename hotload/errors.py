@@ -165,6 +165,13 @@ class EngineUnavailable(EngineError):
     transient = True
 
 
+class DigestMismatch(EngineError):
+    """After a swap the engine's digest of its weights is not the verified snapshot's:
+    the engine serves something else than it was handed."""
+
+    reason = "DigestMismatch"
+
+
 # --- Kubernetes ---------------------------------------------------------------------
 
 

@@ -18,9 +18,13 @@ ANNOTATION_STATE: Final = "hotload.dev/state"
 ANNOTATION_SINCE: Final = "hotload.dev/since"
 """RFC 3339 UTC time of the last transition."""
 ANNOTATION_VIA: Final = "hotload.dev/via"
-"""delta | full | replay."""
+"""delta | full | replay | reload."""
 ANNOTATION_REASON: Final = "hotload.dev/reason"
+"""While Failed: a reason of :mod:`hotload.api.reasons` (its class says what it means)."""
 ANNOTATION_MESSAGE: Final = "hotload.dev/message"
+ANNOTATION_FAILED_SNAPSHOT: Final = "hotload.dev/failed-snapshot"
+"""While Failed: the snapshot whose files failed (during a replay an earlier link than
+the target may be the bad one); the operator marks that snapshot."""
 ANNOTATION_RUNTIME: Final = "hotload.dev/runtime"
 """`shared` asks the local pod runtime to run this pod's agent as a task in one process."""
 RUNTIME_SHARED: Final = "shared"
@@ -33,6 +37,7 @@ SIDECAR_ANNOTATIONS: Final = (
     ANNOTATION_VIA,
     ANNOTATION_REASON,
     ANNOTATION_MESSAGE,
+    ANNOTATION_FAILED_SNAPSHOT,
 )
 
 CONDITION_SNAPSHOT_READY: Final = "hotload.dev/SnapshotReady"

@@ -97,6 +97,9 @@ class LoadPath(StrEnum):
     DELTA = "delta"
     FULL = "full"
     REPLAY = "replay"
+    RELOAD = "reload"
+    """The served snapshot loaded again from staging (after an engine restart or a load
+    that may have left the engine's weights unknown)."""
 
 
 class SnapshotPhase(StrEnum):
