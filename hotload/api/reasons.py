@@ -45,7 +45,9 @@ NOT_FOUND: Final = "NotFound"
 ENGINE_BUSY: Final = "EngineBusy"
 ENGINE_UNAVAILABLE: Final = "EngineUnavailable"
 """The engine does not answer (restarting, overloaded): retried."""
-TRANSIENT_REASONS: Final = frozenset({STORAGE_UNAVAILABLE, NOT_FOUND, ENGINE_BUSY, ENGINE_UNAVAILABLE})
+TRANSIENT_REASONS: Final = frozenset(
+    {STORAGE_UNAVAILABLE, NOT_FOUND, ENGINE_BUSY, ENGINE_UNAVAILABLE}
+)
 
 # Replica-only: that replica is Failed; the chain is fine.
 ENGINE_REJECTED: Final = "EngineRejected"
