@@ -565,6 +565,7 @@ class SidecarAgent:
             via=status.current_via,
             reason=status.reason if failed else None,
             message=status.message if failed else None,
+            failed_snapshot=target.identity if failed and target else None,
         )
         deployment = self._deployment
         max_stale = deployment.spec.hot_load.max_stale_steps if deployment else None

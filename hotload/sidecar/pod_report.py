@@ -20,6 +20,7 @@ from typing import Any
 from hotload.api import LoadPath, ReplicaState, reasons
 from hotload.api.conditions import rfc3339
 from hotload.api.pod import (
+    ANNOTATION_FAILED_SNAPSHOT,
     ANNOTATION_MESSAGE,
     ANNOTATION_REASON,
     ANNOTATION_SINCE,
@@ -45,6 +46,8 @@ class PodAnnotations:
     via: LoadPath | None = None
     reason: str | None = None
     message: str | None = None
+    failed_snapshot: str | None = None
+    """While Failed: the snapshot whose files failed (may be an earlier link of a replay)."""
 
     def values(self) -> dict[str, str | None]:
         """Annotation key → value; None removes the key (merge-patch semantics)."""
@@ -58,6 +61,7 @@ class PodAnnotations:
             ANNOTATION_VIA: self.via.value if self.via else None,
             ANNOTATION_REASON: self.reason if failed else None,
             ANNOTATION_MESSAGE: message,
+            ANNOTATION_FAILED_SNAPSHOT: self.failed_snapshot if failed else None,
         }
 
     def same_content(self, other: PodAnnotations | None) -> bool:
