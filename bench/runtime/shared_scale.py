@@ -54,8 +54,9 @@ from hotload.local import LocalRegions, Region, down, up  # noqa: E402
 from hotload.local import processes as region_processes  # noqa: E402
 from hotload.local.bootstrap import api_client  # noqa: E402
 from hotload.local.runtime import PROCESS_NAME  # noqa: E402
+from hotload.local.runtime.launcher import settings_for  # noqa: E402
 from hotload.local.runtime.process_ledger import ProcessLedger  # noqa: E402
-from hotload.local.runtime.region_process import settings_for  # noqa: E402
+from hotload.waiting import wait_until  # noqa: E402
 from tests.integration.runtime.shared_fleet import (  # noqa: E402
     create_stateful_set,
     install_shared_deployment,
@@ -191,8 +192,8 @@ def main() -> None:
         with api_client(region) as api, sampler:
             started = time.monotonic()
             create_workload(api, work / "bucket", target, args.pods)
-            deadline = started + args.timeout
-            while time.monotonic() < deadline:
+
+            def all_marked() -> bool:
                 counts = census(api, ref.identity)
                 elapsed = time.monotonic() - started
                 timeline.append({"t": round(elapsed, 1), **counts, "rss_mib": dict(sampler.last)})
@@ -201,10 +202,10 @@ def main() -> None:
                         marks[key] = round(elapsed, 1)
                 rss = {k: round(v) for k, v in sampler.last.items()}
                 log(f"t={elapsed:6.1f}s {counts} rss_mib={rss}")
-                if len(marks) == 4:
-                    outcome = "complete"
-                    break
-                time.sleep(5.0)
+                return len(marks) == 4
+
+            if wait_until(all_marked, args.timeout, interval_s=5.0):
+                outcome = "complete"
             settle_rss = dict(sampler.last)
             time.sleep(6.0)  # one more quiet sample of the steady state
             steady_rss = dict(sampler.last)

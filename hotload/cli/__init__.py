@@ -1,23 +1,66 @@
 """The one console script, ``hotload``, with a subcommand per job (CONTRACTS.md, "Commands").
 
-Each subcommand lives in its own module and registers itself on ``app``; heavy imports
-(torch, kopf, the engines) happen inside the command functions so ``hotload --help``
-stays fast. Exit codes: 0 ok, 1 failed, 2 usage.
+Each subcommand lives in its own module with its own ``typer.Typer`` and is imported only
+when it runs (:mod:`hotload.cli.lazy_group`): ``hotload --help`` imports none of them.
+Keep each module's top-level imports light (typer, the standard library); heavy imports
+(torch, kopf, the engines, the snapshot codec) go inside the command functions. Exit
+codes: 0 ok, 1 failed, 2 usage.
+
+**Adding a subcommand** is one line in :data:`SUBCOMMANDS` below::
+
+    LazyCommand("status", "hotload.cli.status:app", "<first line of its help>"),
+
+where ``hotload/cli/status.py`` defines ``app = typer.Typer()`` (one ``@app.command()``,
+or a group of them with ``typer.Typer(name=..., help=..., no_args_is_help=True)``). The
+help string is what ``hotload --help`` lists; ``tests/unit/cli`` fails until it equals
+the first paragraph of the command's own help. Subcommands of ``hotload local`` are
+listed the same way in :data:`hotload.cli.local.LOCAL_SUBCOMMANDS`.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 from typing import Final
 
 import typer
 
+from hotload.cli.lazy_group import LazyCommand, lazy_group
 from hotload.errors import HotloadError
+
+#: Every subcommand of ``hotload``, in the order ``hotload --help`` lists them.
+SUBCOMMANDS: Final = (
+    LazyCommand(
+        "crds",
+        "hotload.cli.crds:app",
+        "Print (or write) the CustomResourceDefinitions of RolloutDeployment and PolicySnapshot.",
+    ),
+    LazyCommand(
+        "sidecar",
+        "hotload.cli.sidecar:app",
+        "Run the weight-swap agent of this pod (env from the downward API).",
+    ),
+    LazyCommand(
+        "local",
+        "hotload.cli.local:local_app",
+        "Local regions: etcd, kube-apiserver, controller-manager, scheduler and kwok per "
+        "region on loopback, with fake GPU nodes.",
+    ),
+    LazyCommand(
+        "engine",
+        "hotload.cli.engine:engine_app",
+        "Run an inference engine (the engine container's command).",
+    ),
+    LazyCommand(
+        "snapshot",
+        "hotload.cli.snapshot:snapshot_app",
+        "Encode, decode, verify and inspect hotload-delta/v1 snapshots.",
+    ),
+)
 
 app = typer.Typer(
     name="hotload",
     help="Keep RL rollout fleets in every region on the freshest policy snapshot.",
+    cls=lazy_group(SUBCOMMANDS),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -34,22 +77,6 @@ def root(
     from hotload import logs
 
     logs.configure(log_level)
-
-
-#: Modules that register subcommands on ``app`` (the place for each subcommand).
-#: crds · snapshot · local · sidecar · engine  — later: operator, publish, status, ledger, gc
-SUBCOMMAND_MODULES: Final = (
-    "hotload.cli.crds",
-    "hotload.cli.local",
-    "hotload.cli.local_runtime",
-    "hotload.cli.local_demo",
-    "hotload.cli.engine",
-    "hotload.cli.snapshot",
-    "hotload.cli.sidecar",
-)
-
-for _module in SUBCOMMAND_MODULES:
-    importlib.import_module(_module)
 
 
 def main() -> None:

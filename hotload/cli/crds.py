@@ -5,14 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-import yaml
 
-from hotload.api.crd import render_all
-from hotload.cli import app
+app = typer.Typer()
 
 
 def render_documents() -> dict[str, str]:
     """File name → YAML text, exactly as checked in under ``crds/``."""
+    import yaml
+
+    from hotload.api.crd import render_all
+
     header = "# Rendered from hotload.api by `hotload crds`: do not edit by hand.\n"
     return {
         name: header + yaml.safe_dump(crd, sort_keys=False, width=100)

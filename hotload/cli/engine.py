@@ -13,12 +13,10 @@ from pathlib import Path
 import typer
 
 from hotload.api.pod import REFERENCE_ENGINE_PORT
-from hotload.cli import app
 
 engine_app = typer.Typer(
     help="Run an inference engine (the engine container's command).", no_args_is_help=True
 )
-app.add_typer(engine_app, name="engine")
 
 
 @engine_app.command("reference")
@@ -70,9 +68,9 @@ def reference(
     import uvicorn
 
     from hotload.api.pod import ENV_ROOT
-    from hotload.engines import reference_model as rm
-    from hotload.engines.reference_app import create_app
-    from hotload.engines.reference_runtime import INITIAL_IDENTITY, ReferenceRuntime
+    from hotload.engines.reference import model as rm
+    from hotload.engines.reference.app import create_app
+    from hotload.engines.reference.runtime import INITIAL_IDENTITY, ReferenceRuntime
     from hotload.mounts import root_from
 
     if threads:

@@ -1,38 +1,57 @@
 """``hotload local up|down|status``: the local regions (real control planes on loopback).
 
-``local_app`` is the ``local`` group; the pod runtime adds its ``runtime`` command to it
-from its own module (``hotload.cli.local_runtime``).
+``local_app`` is the ``local`` group. Its other subcommands live in their own modules and
+load only when they run (:mod:`hotload.cli.lazy_group`): adding one is one line in
+:data:`LOCAL_SUBCOMMANDS` (see :mod:`hotload.cli`).
 """
 
 from __future__ import annotations
 
-import json
-from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import typer
 
-from hotload.cli import app
+from hotload.cli.lazy_group import LazyCommand, lazy_group
+from hotload.cli.output import OutputFormat, emit, print_table
 
 if TYPE_CHECKING:
-    from hotload.local.regions import RegionStatus
+    from hotload.local.lifecycle import RegionStatus
+
+STATE_HELP = "State directory (default: $HOTLOAD_STATE or ~/.local/state/hotload)."
+
+#: Subcommands of ``hotload local`` in their own modules, listed after up, down, status.
+LOCAL_SUBCOMMANDS: Final = (
+    LazyCommand(
+        "runtime",
+        "hotload.cli.local_runtime:runtime_app",
+        "Run the pods of one local region (started by `hotload local up`).",
+    ),
+    LazyCommand(
+        "runtime-host",
+        "hotload.cli.local_runtime:runtime_host_app",
+        "Host shared-mode agents as tasks (started by the runtime; commands on stdin).",
+        hidden=True,
+    ),
+    LazyCommand(
+        "echo-server",
+        "hotload.cli.local_runtime:echo_server_app",
+        "Answer with this pod's identity (a container for checking a local region).",
+    ),
+    LazyCommand(
+        "demo",
+        "hotload.cli.local_demo:app",
+        "Publish snapshots to a file:// bucket and watch every replica in every region load them.",
+    ),
+)
 
 local_app = typer.Typer(
     name="local",
     help="Local regions: etcd, kube-apiserver, controller-manager, scheduler and kwok per "
     "region on loopback, with fake GPU nodes.",
+    cls=lazy_group(LOCAL_SUBCOMMANDS),
     no_args_is_help=True,
 )
-app.add_typer(local_app, name="local")
-
-STATE_HELP = "State directory (default: $HOTLOAD_STATE or ~/.local/state/hotload)."
-
-
-class OutputFormat(StrEnum):
-    TABLE = "table"
-    JSON = "json"
-    YAML = "yaml"
 
 
 def _names(value: str | None) -> list[str] | None:
@@ -63,7 +82,7 @@ def up_command(
 ) -> None:
     """Start the local regions (or report that they are already up) and print how to reach them."""
     from hotload.errors import ConfigError
-    from hotload.local import regions as local_regions
+    from hotload.local import lifecycle as local_regions
 
     chosen = _names(names)
     if chosen is not None and regions is not None:
@@ -90,7 +109,7 @@ def down_command(
     state: Path | None = typer.Option(None, "--state-dir", help=STATE_HELP),
 ) -> None:
     """Stop every process of the local regions and remove their state (logs stay)."""
-    from hotload.local import regions as local_regions
+    from hotload.local import lifecycle as local_regions
 
     local_regions.down(state)
     typer.echo("local regions are down")
@@ -105,31 +124,21 @@ def status_command(
 
     Exits 1 when no region is up or any region is unhealthy.
     """
-    from hotload.local import regions as local_regions
+    from hotload.local import lifecycle as local_regions
 
     statuses = local_regions.status(state)
     data = [s.model_dump(mode="json") for s in statuses]
-    if output is OutputFormat.JSON:
-        typer.echo(json.dumps(data, indent=2))
-    elif output is OutputFormat.YAML:
-        import yaml
-
-        typer.echo(yaml.safe_dump(data, sort_keys=False), nl=False)
-    elif not statuses:
-        typer.echo("no local regions are up")
-    else:
-        _print_table(statuses)
+    if not emit(data, output):
+        if statuses:
+            _print_table(statuses)
+        else:
+            typer.echo("no local regions are up")
     if not statuses or not all(s.healthy for s in statuses):
         raise typer.Exit(1)
 
 
 def _print_table(statuses: list[RegionStatus]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(box=None, pad_edge=False)
-    for column in ("REGION", "INDEX", "APISERVER", "PROCESSES", "NODES", "SERVICES"):
-        table.add_column(column)
+    rows: list[tuple[str, ...]] = []
     for status in statuses:
         alive = sum(status.processes.values())
         down = [name for name, up in status.processes.items() if not up]
@@ -142,7 +151,8 @@ def _print_table(statuses: list[RegionStatus]) -> None:
             else f"{status.nodes_ready}/{status.nodes_total} Ready"
         )
         services = ", ".join(f"{name}={port}" for name, port in status.services.items()) or "-"
-        table.add_row(
-            status.name, str(status.index), status.apiserver_url, processes, nodes, services
+        rows.append(
+            (status.name, str(status.index), status.apiserver_url, processes, nodes, services)
         )
-    Console(width=200).print(table)
+    columns = ("REGION", "INDEX", "APISERVER", "PROCESSES", "NODES", "SERVICES")
+    print_table(columns, rows, width=200)

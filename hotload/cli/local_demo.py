@@ -6,10 +6,12 @@ from pathlib import Path
 
 import typer
 
-from hotload.cli.local import STATE_HELP, local_app
+from hotload.cli.local import STATE_HELP
+
+app = typer.Typer()
 
 
-@local_app.command("demo")
+@app.command("demo")
 def demo_command(
     regions: int = typer.Option(2, "--regions", "-n", min=1, help="How many local regions."),
     replicas: int = typer.Option(2, "--replicas", min=1, help="Replicas per region."),

@@ -13,10 +13,14 @@ from pathlib import Path
 
 import typer
 
-from hotload.cli.local import STATE_HELP, local_app
+from hotload.cli.local import STATE_HELP
+
+runtime_app = typer.Typer()
+runtime_host_app = typer.Typer()
+echo_server_app = typer.Typer()
 
 
-@local_app.command("runtime")
+@runtime_app.command("runtime")
 def runtime_command(
     region: str = typer.Option(..., "--region", help="The region whose pods to run."),
     state: Path | None = typer.Option(None, "--state-dir", help=STATE_HELP),
@@ -50,7 +54,7 @@ def runtime_command(
 ) -> None:
     """Run the pods of one local region (started by `hotload local up`)."""
     from hotload.errors import LocalRegionError
-    from hotload.local.regions import load
+    from hotload.local.lifecycle import load
     from hotload.local.runtime import RestartBackoff, run_runtime, settings_for
 
     regions = load(state)
@@ -67,7 +71,7 @@ def runtime_command(
     asyncio.run(run_runtime(settings))
 
 
-@local_app.command("runtime-host", hidden=True)
+@runtime_host_app.command("runtime-host", hidden=True)
 def runtime_host_command(
     name: str = typer.Option(..., "--name", help="The deployment this host serves (for logs)."),
     agent_factory: str = typer.Option(..., "--agent-factory", help="module:function per pod."),
@@ -75,13 +79,13 @@ def runtime_host_command(
     """Host shared-mode agents as tasks (started by the runtime; commands on stdin)."""
     import logging
 
-    from hotload.local.runtime.shared_host import load_factory, serve
+    from hotload.local.runtime.shared_host_main import load_factory, serve
 
     logging.getLogger(__name__).info("shared host starting", extra={"host": name})
     asyncio.run(serve(load_factory(agent_factory)))
 
 
-@local_app.command("echo-server")
+@echo_server_app.command("echo-server")
 def echo_server_command(
     port: int = typer.Option(8080, "--port", min=1, max=65535, help="Port to bind on $POD_IP."),
     ignore_sigterm: bool = typer.Option(

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from hotload.cli import app
-
 if TYPE_CHECKING:
     from hotload.sidecar import AgentConfig
+
+app = typer.Typer()
 
 
 def config_from_env(

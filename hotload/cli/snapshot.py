@@ -6,14 +6,12 @@ leave through ``hotload.cli.main`` as one line on stderr and exit code 1.
 
 from __future__ import annotations
 
-import json
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
-from hotload.cli import app
+from hotload.cli.output import OutputFormat, emit, print_table
 
 if TYPE_CHECKING:
     from hotload.snapshot import SnapshotReport
@@ -23,26 +21,6 @@ snapshot_app = typer.Typer(
     help="Encode, decode, verify and inspect hotload-delta/v1 snapshots.",
     no_args_is_help=True,
 )
-app.add_typer(snapshot_app, name="snapshot")
-
-
-class OutputFormat(StrEnum):
-    TABLE = "table"
-    JSON = "json"
-    YAML = "yaml"
-
-
-def _emit(data: dict[str, Any], output: OutputFormat) -> bool:
-    """Print ``data`` as JSON or YAML; False when the caller should print a table."""
-    if output is OutputFormat.JSON:
-        typer.echo(json.dumps(data, indent=2))
-        return True
-    if output is OutputFormat.YAML:
-        import yaml
-
-        typer.echo(yaml.safe_dump(data, sort_keys=False), nl=False)
-        return True
-    return False
 
 
 def _held_snapshot(previous: Path) -> tuple[str | None, int | None]:
@@ -122,7 +100,7 @@ def encode_command(
         "storedBytes": result.stored_bytes,
         "ratio": round(result.ratio, 3),
     }
-    if not _emit(data, output):
+    if not emit(data, output):
         typer.echo(
             f"wrote {manifest.kind.value} snapshot {manifest.identity} (step {manifest.step}) "
             f"to {result.path}: {result.stored_bytes} bytes stored for {result.tensor_bytes} "
@@ -152,7 +130,7 @@ def decode_command(
         "tensorBytes": result.tensor_bytes,
         "files": result.files,
     }
-    if not _emit(data, output):
+    if not emit(data, output):
         typer.echo(
             f"rebuilt {result.manifest.identity} into {result.path}: "
             f"{result.files} files, {result.tensor_bytes} bytes of tensors verified"
@@ -175,7 +153,7 @@ def verify_command(
         "bytes": result.bytes,
         "verified": True,
     }
-    if not _emit(data, output):
+    if not emit(data, output):
         typer.echo(f"{result.manifest.identity}: {result.files} files, {result.bytes} bytes, ok")
 
 
@@ -220,7 +198,7 @@ def inspect_command(
     from hotload.snapshot import inspect_snapshot
 
     report = inspect_snapshot(snapshot)
-    if _emit(report_data(report), output):
+    if emit(report_data(report), output):
         return
     _print_report(report)
 
@@ -231,7 +209,6 @@ def _fraction(value: float | None) -> str:
 
 def _print_report(report: SnapshotReport) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     manifest = report.manifest
     console = Console(width=160)
@@ -245,20 +222,21 @@ def _print_report(report: SnapshotReport) -> None:
         f"{report.tensor_bytes} bytes of tensors: ratio {report.ratio:.1f}x, "
         f"changed {_fraction(report.changed_fraction)}"
     )
-    table = Table(box=None, pad_edge=False)
-    for column in ("TENSOR", "DTYPE", "SHAPE", "CODEC", "CHANGED", "STORED", "RATIO"):
-        table.add_column(column)
+    rows: list[tuple[str, ...]] = []
     for t in report.tensors:
         ratio = f"{t.tensor_bytes / t.stored_bytes:.1f}x" if t.stored_bytes else "-"
-        table.add_row(
-            t.name,
-            t.dtype,
-            "x".join(map(str, t.shape)) or "scalar",
-            t.codec.value,
-            _fraction(t.changed_fraction),
-            str(t.stored_bytes),
-            ratio,
+        rows.append(
+            (
+                t.name,
+                t.dtype,
+                "x".join(map(str, t.shape)) or "scalar",
+                t.codec.value,
+                _fraction(t.changed_fraction),
+                str(t.stored_bytes),
+                ratio,
+            )
         )
-    console.print(table)
+    columns = ("TENSOR", "DTYPE", "SHAPE", "CODEC", "CHANGED", "STORED", "RATIO")
+    print_table(columns, rows, width=160)
     if report.removed:
         console.print(f"removed: {', '.join(report.removed)}")

@@ -1,8 +1,8 @@
 """Engine adapters behind one :class:`Engine` Protocol: reference, sglang, vllm, noop.
 
 Use :func:`make_engine` with the RolloutDeployment's ``spec.engine.kind``. The reference
-engine's server (``hotload engine reference``) lives in the ``reference_*`` modules and
-imports torch; importing this package does not.
+engine's server (``hotload engine reference``) lives in the ``hotload.engines.reference``
+subpackage and imports torch; importing this package does not.
 """
 
 from hotload.engines.factory import engine_url, make_engine

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 
 from hotload.errors import EngineUnavailable
+from hotload.waiting import wait_until_async
 
 POLL_INTERVAL = 0.2
 
@@ -18,13 +18,7 @@ async def poll_until_healthy(
     interval: float = POLL_INTERVAL,
 ) -> None:
     """Return once ``health()`` is True; ``EngineUnavailable`` when ``timeout`` s pass first."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        if await health():
-            return
-        if loop.time() >= deadline:
-            raise EngineUnavailable(
-                "the engine did not become healthy in time", url=url, timeout=timeout
-            )
-        await asyncio.sleep(min(interval, max(0.0, deadline - loop.time())))
+    if not await wait_until_async(health, timeout, interval_s=interval):
+        raise EngineUnavailable(
+            "the engine did not become healthy in time", url=url, timeout=timeout
+        )

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 
 from hotload.api import EngineKind, KvCachePolicy, SnapshotKind
-from hotload.engines.engine_http import json_object, response_detail
-from hotload.engines.http_engine import HttpEngine
+from hotload.engines.admin_http import json_object, response_detail
+from hotload.engines.http_adapter import HttpEngine
 from hotload.engines.identity_fields import reference_identities
 from hotload.engines.protocol import PauseMode
 from hotload.errors import EngineBusy, EngineError, EngineRejected, HotloadError

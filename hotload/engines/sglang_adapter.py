@@ -28,9 +28,10 @@ from typing import Any
 import httpx
 
 from hotload.api import EngineKind, KvCachePolicy, SnapshotKind
-from hotload.engines.engine_http import json_object, response_detail
-from hotload.engines.http_engine import HttpEngine
+from hotload.engines.admin_http import json_object, response_detail
+from hotload.engines.http_adapter import HttpEngine
 from hotload.engines.identity_fields import weight_versions
+from hotload.engines.lora_slot import LoraSlot
 from hotload.engines.protocol import PauseMode
 from hotload.errors import EngineBusy, EngineRejected, EngineUnavailable
 
@@ -56,7 +57,7 @@ class SGLangEngine(HttpEngine):
         super().__init__(base_url, client, api_key=api_key)
         self._load_timeout = load_timeout
         self._flush_timeout = flush_timeout
-        self._lora: str | None = None
+        self._lora = LoraSlot(self._http, engine="SGLang", unload_path="/unload_lora_adapter")
 
     @property
     def kind(self) -> EngineKind:
@@ -65,7 +66,7 @@ class SGLangEngine(HttpEngine):
     @property
     def active_lora(self) -> str | None:
         """The adapter name requests are routed to, if a LoRA snapshot is served."""
-        return self._lora
+        return self._lora.active
 
     async def served_identity(self) -> str | None:
         response = await self._http.request("GET", "/model_info")
@@ -93,7 +94,7 @@ class SGLangEngine(HttpEngine):
         )
         body = json_object(response)
         if response.status_code == 200 and body.get("success") is True:
-            await self._drop_lora()
+            await self._lora.clear()
             return
         detail = str(body.get("message") or response_detail(response))
         if await self.served_identity() == identity:
@@ -102,7 +103,7 @@ class SGLangEngine(HttpEngine):
                 "SGLang reported a failed update but serves the new weights",
                 extra={"identity": identity, "engine_message": detail},
             )
-            await self._drop_lora()
+            await self._lora.clear()
             return
         raise EngineRejected(
             f"SGLang refused the weights: {detail}",
@@ -128,25 +129,8 @@ class SGLangEngine(HttpEngine):
                 path=str(path),
                 status=response.status_code,
             )
-        previous, self._lora = self._lora, identity
-        if previous is not None and previous != identity:
-            await self._unload_lora(previous)
+        await self._lora.replace(identity)
         await self._set_version(identity)
-
-    async def _drop_lora(self) -> None:
-        if self._lora is not None:
-            previous, self._lora = self._lora, None
-            await self._unload_lora(previous)
-
-    async def _unload_lora(self, name: str) -> None:
-        response = await self._http.request(
-            "POST", "/unload_lora_adapter", json={"lora_name": name}
-        )
-        if response.status_code != 200:
-            log.warning(
-                "SGLang did not unload an old LoRA adapter",
-                extra={"lora_name": name, "status": response.status_code},
-            )
 
     async def _set_version(self, identity: str) -> None:
         response = await self._http.request(
@@ -199,8 +183,8 @@ class SGLangEngine(HttpEngine):
             )
 
     def prepare_request(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        if self._lora is not None and path in _GENERATION_PATHS:
-            return {**body, "lora_path": self._lora}
+        if self._lora.active is not None and path in _GENERATION_PATHS:
+            return {**body, "lora_path": self._lora.active}
         return body
 
     def identities_of(self, payload: Mapping[str, Any]) -> list[str]:

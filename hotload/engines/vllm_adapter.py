@@ -23,8 +23,6 @@ routes need ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``); a 404 from one is reported 
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -32,13 +30,13 @@ from typing import Any
 import httpx
 
 from hotload.api import EngineKind, KvCachePolicy, SnapshotKind
-from hotload.engines.engine_http import json_object, response_detail
-from hotload.engines.http_engine import HttpEngine
+from hotload.engines.admin_http import json_object, response_detail
+from hotload.engines.http_adapter import HttpEngine
 from hotload.engines.identity_fields import weight_versions
+from hotload.engines.lora_slot import LoraSlot
 from hotload.engines.protocol import PauseMode
 from hotload.errors import EngineBusy, EngineRejected
-
-log = logging.getLogger(__name__)
+from hotload.waiting import wait_until_async
 
 DEFAULT_LOAD_TIMEOUT = 1800.0
 DEFAULT_FLUSH_TIMEOUT = 30.0
@@ -64,7 +62,7 @@ class VLLMEngine(HttpEngine):
         self._load_timeout = load_timeout
         self._flush_timeout = flush_timeout
         self._flush_retry_interval = flush_retry_interval
-        self._lora: str | None = None
+        self._lora = LoraSlot(self._http, engine="vLLM", unload_path="/v1/unload_lora_adapter")
         self._last_path: Path | None = None
         self._identity: str | None = None
 
@@ -74,7 +72,7 @@ class VLLMEngine(HttpEngine):
 
     @property
     def active_lora(self) -> str | None:
-        return self._lora
+        return self._lora.active
 
     async def served_identity(self) -> str | None:
         response = await self._http.request("GET", "/weight_info")
@@ -117,9 +115,7 @@ class VLLMEngine(HttpEngine):
             )
         self._last_path = path
         await self._set_version(identity)
-        if self._lora is not None:
-            previous, self._lora = self._lora, None
-            await self._unload_lora(previous)
+        await self._lora.clear()
 
     async def _load_lora(self, path: Path, identity: str) -> None:
         response = await self._http.request(
@@ -142,20 +138,8 @@ class VLLMEngine(HttpEngine):
                 path=str(path),
                 status=response.status_code,
             )
-        previous, self._lora = self._lora, identity
-        if previous is not None and previous != identity:
-            await self._unload_lora(previous)
+        await self._lora.replace(identity)
         await self._set_version(identity)
-
-    async def _unload_lora(self, name: str) -> None:
-        response = await self._http.request(
-            "POST", "/v1/unload_lora_adapter", json={"lora_name": name}
-        )
-        if response.status_code != 200:
-            log.warning(
-                "vLLM did not unload an old LoRA adapter",
-                extra={"lora_name": name, "status": response.status_code},
-            )
 
     async def _set_version(self, identity: str) -> None:
         response = await self._http.request(
@@ -195,31 +179,31 @@ class VLLMEngine(HttpEngine):
     async def reset_cache(self, policy: KvCachePolicy) -> None:
         if policy is not KvCachePolicy.ALL:
             return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._flush_timeout
-        while True:
+        status: int | None = None
+
+        async def reset() -> bool:
+            nonlocal status
             response = await self._http.request("POST", "/reset_prefix_cache")
             self._check_route(response, "/reset_prefix_cache")
-            if (
-                response.status_code == 200
-                and json_object(response).get("success", True) is not False
-            ):
-                return
-            if loop.time() >= deadline:
-                raise EngineBusy(
-                    "vLLM kept refusing to reset its prefix cache (blocks held by requests)",
-                    url=self.base_url,
-                    status=response.status_code,
-                    timeout=self._flush_timeout,
-                )
-            await asyncio.sleep(self._flush_retry_interval)
+            status = response.status_code
+            return status == 200 and json_object(response).get("success", True) is not False
+
+        if not await wait_until_async(
+            reset, self._flush_timeout, interval_s=self._flush_retry_interval
+        ):
+            raise EngineBusy(
+                "vLLM kept refusing to reset its prefix cache (blocks held by requests)",
+                url=self.base_url,
+                status=status,
+                timeout=self._flush_timeout,
+            )
 
     def prepare_request(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         if path not in _GENERATION_PATHS:
             return body
         prepared = {**body, "return_weight_versions": True}
-        if self._lora is not None:
-            prepared["model"] = self._lora
+        if self._lora.active is not None:
+            prepared["model"] = self._lora.active
         return prepared
 
     def identities_of(self, payload: Mapping[str, Any]) -> list[str]:

@@ -36,13 +36,14 @@ from hotload.api import KvCachePolicy, RolloutDeployment
 from hotload.api import pod as contract
 from hotload.errors import LocalRegionError
 from hotload.kube.client import sync_api_client
-from hotload.local import regions as local_regions
+from hotload.local import lifecycle as local_regions
 from hotload.local.region import Region, default_names
 from hotload.local.runtime.service_ports import read_ports
 from hotload.local.tools import kubectl_path
 from hotload.local.trainer import PolicyTrainer, PublishedSnapshot
 from hotload.operator.workload import label_selector, render_workload
 from hotload.storage import open_storage
+from hotload.waiting import wait_until
 
 log = logging.getLogger(__name__)
 
@@ -179,11 +180,8 @@ def _run_id() -> str:
 
 def _wait(what: str, check: Callable[[], bool], timeout_s: float) -> float:
     started = time.monotonic()
-    deadline = started + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise LocalRegionError(f"timed out waiting for {what}", timeout_s=timeout_s)
-        time.sleep(POLL_S)
+    if not wait_until(check, timeout_s, interval_s=POLL_S):
+        raise LocalRegionError(f"timed out waiting for {what}", timeout_s=timeout_s)
     return time.monotonic() - started
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Iterable
 
 from hotload.errors import LocalRegionError
+from hotload.waiting import wait_until
 
 LOOPBACK = "127.0.0.1"
 
@@ -44,9 +44,11 @@ def is_listening(port: int, host: str = LOOPBACK, timeout: float = 0.5) -> bool:
 def wait_ports_free(ports: Iterable[int], deadline_s: float, host: str = LOOPBACK) -> list[int]:
     """Wait until nothing listens on any of ``ports``; return those still taken at the deadline."""
     pending = sorted(set(ports))
-    stop_at = time.monotonic() + deadline_s
-    while True:
+
+    def all_free() -> bool:
+        nonlocal pending
         pending = [port for port in pending if is_listening(port, host)]
-        if not pending or time.monotonic() >= stop_at:
-            return pending
-        time.sleep(0.1)
+        return not pending
+
+    wait_until(all_free, deadline_s, interval_s=0.1)
+    return pending

@@ -16,11 +16,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from functools import partial
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from hotload.errors import LocalRegionError
+from hotload.waiting import wait_until
 
 log = logging.getLogger(__name__)
 
@@ -260,18 +262,19 @@ def stop(records: Iterable[ProcessRecord]) -> list[str]:
         ours = [record for record in group if _ours_to_signal(record)]
         for record in ours:
             _signal_group(record, signal.SIGTERM)
-        deadline = time.monotonic() + max((r.stop_timeout_s for r in ours), default=0.0)
-        while time.monotonic() < deadline and any(_running(r) for r in ours):
-            time.sleep(0.1)
+        grace_s = max((r.stop_timeout_s for r in ours), default=0.0)
+        wait_until(partial(_none_running, ours), grace_s, interval_s=0.1)
         for record in ours:
             if _running(record):
                 log.warning("killing after grace period", extra={"component": record.name})
                 _signal_group(record, signal.SIGKILL)
-        kill_deadline = time.monotonic() + 5.0
-        while time.monotonic() < kill_deadline and any(_running(r) for r in ours):
-            time.sleep(0.05)
+        wait_until(partial(_none_running, ours), 5.0, interval_s=0.05)
         survivors.extend(r.name for r in ours if _running(r))
     return survivors
+
+
+def _none_running(records: list[ProcessRecord]) -> bool:
+    return not any(_running(record) for record in records)
 
 
 def _ours_to_signal(record: ProcessRecord) -> bool:

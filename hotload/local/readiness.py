@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ssl
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import httpx
 
 from hotload.errors import LocalRegionError
+from hotload.waiting import wait_until
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,5 @@ def wait_for(
     **context: object,
 ) -> None:
     """Poll ``condition`` until it holds; at the deadline raise an error naming ``what``."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() >= deadline:
-            raise LocalRegionError(
-                f"timed out after {timeout_s:.0f} s waiting for {what}", **context
-            )
-        time.sleep(interval_s)
+    if not wait_until(condition, timeout_s, interval_s=interval_s):
+        raise LocalRegionError(f"timed out after {timeout_s:.0f} s waiting for {what}", **context)

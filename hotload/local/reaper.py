@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logs.configure("INFO", json_lines=True)
     wait_for_exit(args.owner, args.owner_start_ticks)
-    from hotload.local.regions import down
+    from hotload.local.lifecycle import down
 
     log.warning(
         "owner exited without taking its regions down; taking them down",

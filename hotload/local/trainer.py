@@ -19,8 +19,8 @@ from typing import Final
 import torch
 
 from hotload.api import KvCachePolicy, PolicySnapshot, SnapshotKind, SnapshotRef
-from hotload.engines import reference_model
-from hotload.engines import reference_tokenizer as tokenizer
+from hotload.engines.reference import model as reference_model
+from hotload.engines.reference import tokenizer
 from hotload.snapshot import encode
 from hotload.snapshot.publish import publish_snapshot
 from hotload.storage import Storage

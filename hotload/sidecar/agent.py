@@ -40,7 +40,7 @@ from hotload.api import (
 from hotload.api.pod import ANNOTATION_SNAPSHOT, ANNOTATION_VIA
 from hotload.engines.protocol import Engine, PauseMode
 from hotload.errors import HotloadError, NotFound
-from hotload.sidecar.backoff import Backoff
+from hotload.retry import Backoff
 from hotload.sidecar.config import AgentConfig
 from hotload.sidecar.deployment_watch import DeploymentView, DeploymentWatcher
 from hotload.sidecar.http_server import serve_front

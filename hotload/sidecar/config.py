@@ -25,19 +25,8 @@ from hotload.api.pod import (
 )
 from hotload.errors import ConfigError
 from hotload.mounts import host_path, root_from
+from hotload.retry import RetryPolicy
 from hotload.storage import StorageCredentials
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Exponential backoff with jitter for the agent's retries of a whole load (storage
-    errors the storage layer already retried, ``NotFound``, engine busy)."""
-
-    initial_s: float = 0.5
-    maximum_s: float = 30.0
-    multiplier: float = 2.0
-    jitter: float = 0.5
-    """Fraction of each delay drawn at random, so a fleet does not retry in lockstep."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +55,9 @@ class AgentConfig:
     decode_threads: int = 2
     """Threads decoding a delta's chunks (beside serving: keep it below the core count)."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """The agent's retries of a whole load (storage errors the storage layer already
+    retried, ``NotFound``, engine busy) and of its watch and pod writes: the policy's
+    defaults, 0.5 s doubling to 30 s, half of each delay random, never giving up."""
     history_limit: int = 20
     """Swaps remembered for ``/status``."""
     hold_timeout_s: float = 120.0

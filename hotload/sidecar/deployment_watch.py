@@ -24,8 +24,7 @@ from hotload.api import GROUP, VERSION, RolloutDeployment
 from hotload.api.rollout_deployment import PLURAL
 from hotload.errors import KubeError, KubeExpired
 from hotload.kube import kube_errors
-from hotload.sidecar.backoff import Backoff
-from hotload.sidecar.config import RetryPolicy
+from hotload.retry import Backoff, RetryPolicy
 
 log = logging.getLogger(__name__)
 

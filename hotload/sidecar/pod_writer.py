@@ -23,8 +23,7 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api
 from hotload.api.pod import CONDITION_SNAPSHOT_READY, SIDECAR_ANNOTATIONS
 from hotload.errors import KubeError, KubeNotFound
 from hotload.kube import kube_errors
-from hotload.sidecar.backoff import Backoff
-from hotload.sidecar.config import RetryPolicy
+from hotload.retry import Backoff, RetryPolicy
 from hotload.sidecar.pod_report import (
     PodAnnotations,
     ReadinessGate,

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from hotload.api import SnapshotKind
-from hotload.errors import ChainBroken, ChecksumMismatch, DecodeFailed, ManifestInvalid
+from hotload.errors import ChainBroken, DecodeFailed
 from hotload.snapshot.codec.frames import decompress_exact
 from hotload.snapshot.codec.tensor_codec import ChunkJob, needs_previous, plan_decode
 from hotload.snapshot.delta_files import DeltaFiles
@@ -43,6 +43,13 @@ from hotload.snapshot.manifest import (
 from hotload.snapshot.mapping import mapped
 from hotload.snapshot.paths import inside
 from hotload.snapshot.safetensors_file import SafetensorsHeader, length_prefix, parse_header
+from hotload.snapshot.shard_checks import (
+    check_complete_shards,
+    check_shard_header,
+    check_tensor_hash,
+    check_tensors_match,
+    entries_by_shard,
+)
 from hotload.snapshot.staging import copy_file, staged_directory, write_bytes
 from hotload.snapshot.tensor_files import TensorIndex, mapped_shards
 from hotload.snapshot.verifier import verify_stored_files
@@ -148,61 +155,6 @@ def _rebuild_complete(snapshot: Path, staging: Path, manifest: Manifest) -> None
         check_complete_shards(index, manifest)
 
 
-def check_complete_shards(index: TensorIndex, manifest: Manifest) -> None:
-    """Shard headers and tensor hashes of a Full or LoRA snapshot against its manifest."""
-    entries = _entries_by_shard(manifest)
-    for shard_entry in manifest.shards:
-        shard = index.shards[shard_entry.path]
-        _check_shard(shard_entry, shard.header.header_bytes, manifest)
-        _check_tensors_match(shard.header, entries.get(shard_entry.path, {}), shard_entry.path)
-        for info in shard.header.tensors:
-            _check_hash(entries[shard_entry.path][info.name], shard.raw(info), manifest)
-
-
-def _entries_by_shard(manifest: Manifest) -> dict[str, dict[str, TensorEntry]]:
-    result: dict[str, dict[str, TensorEntry]] = {}
-    for tensor in manifest.tensors:
-        result.setdefault(tensor.file, {})[tensor.name] = tensor
-    return result
-
-
-def _check_shard(entry: ShardEntry, header_bytes: bytes, manifest: Manifest) -> None:
-    if len(header_bytes) != entry.header_length or tensor_hash(header_bytes) != entry.header_hash:
-        raise ChecksumMismatch(
-            "shard header differs from the manifest",
-            snapshot=manifest.identity,
-            file=entry.path,
-        )
-
-
-def _check_tensors_match(
-    header: SafetensorsHeader, entries: dict[str, TensorEntry], shard: str
-) -> None:
-    declared = {name: (e.dtype, tuple(e.shape)) for name, e in entries.items()}
-    found = {t.name: (t.dtype.name, t.shape) for t in header.tensors}
-    if declared != found:
-        missing = sorted(set(found) ^ set(declared))[:5]
-        differing = sorted(n for n in set(found) & set(declared) if found[n] != declared[n])[:5]
-        raise ManifestInvalid(
-            "manifest and shard header disagree on the tensors",
-            file=shard,
-            unlisted_or_missing=missing,
-            differing=differing,
-        )
-
-
-def _check_hash(entry: TensorEntry, data: memoryview | bytes, manifest: Manifest) -> None:
-    found = tensor_hash(data)
-    if found != entry.hash:
-        raise ChecksumMismatch(
-            "rebuilt tensor hash differs from the manifest",
-            snapshot=manifest.identity,
-            tensor=entry.name,
-            expected=entry.hash,
-            found=found,
-        )
-
-
 def _check_previous(previous: Path, manifest: Manifest, index: TensorIndex, verify: bool) -> None:
     record = read_rebuilt_record(previous)
     if record is not None and record.get("identity") != manifest.previous:
@@ -271,7 +223,7 @@ def _rebuild_incremental(
         copy_file(inside(snapshot, entry.path), target)
         if entry.path == CONFIG and CONFIG in before.others:
             check_config_change(before.path(CONFIG), target, manifest.ignored_config_fields)
-    entries = _entries_by_shard(manifest)
+    entries = entries_by_shard(manifest)
     with mapped_shards(previous, before.shards) as old, ExitStack() as stack:
         _check_previous(previous, manifest, old, verify_previous)
         deltas = DeltaFiles(snapshot, manifest, stack)
@@ -318,7 +270,7 @@ def _shard_header(
     stored = decompress_exact(frame, entry.header_length, what=f"header of {entry.path}")
     if stored is None:
         raise DecodeFailed("a stored shard header is empty", file=entry.path)
-    _check_shard(entry, stored, manifest)
+    check_shard_header(entry, stored, manifest)
     return stored
 
 
@@ -336,7 +288,7 @@ def _rebuild_shard(
 ) -> None:
     header_bytes = _shard_header(old, deltas, entry, manifest)
     header = parse_header(header_bytes, entry.size, source=entry.path)
-    _check_tensors_match(header, entries, entry.path)
+    check_tensors_match(header, entries, entry.path)
     target = inside(staging, entry.path)
     target.parent.mkdir(parents=True, exist_ok=True)
     with target.open("w+b") as handle:
@@ -371,7 +323,7 @@ def _fill_tensors(
             tensor, begin, end, size, futures = pending.popleft()
             for future in futures:
                 future.result()
-            _check_hash(tensor, view[begin:end], manifest)
+            check_tensor_hash(tensor, view[begin:end], manifest)
             return size
 
         for info in header.tensors:

@@ -20,36 +20,13 @@ import numpy as np
 
 from hotload.errors import ConfigError
 from hotload.snapshot.codec.tensor_codec import CodecOptions
-from hotload.snapshot.dtypes import DType, dtype_named
-from hotload.snapshot.encoder import EncodeResult, encode
+from hotload.snapshot.encoder import EncodeResult, encode, write_incremental
 from hotload.snapshot.layout import SHARD_SUFFIX, ModelDir, scan
 from hotload.snapshot.safetensors_file import build_header, length_prefix
+from hotload.snapshot.torch_dtypes import safetensors_dtype
 
 if TYPE_CHECKING:
     import torch
-
-TORCH_DTYPES: Final = {
-    "bfloat16": "BF16",
-    "float16": "F16",
-    "float32": "F32",
-    "float64": "F64",
-    "float8_e4m3fn": "F8_E4M3",
-    "float8_e5m2": "F8_E5M2",
-    "int8": "I8",
-    "uint8": "U8",
-    "int16": "I16",
-    "int32": "I32",
-    "int64": "I64",
-    "bool": "BOOL",
-}
-
-
-def safetensors_dtype(tensor: torch.Tensor) -> DType:
-    """The format's dtype for a torch tensor's dtype; ConfigError for an unsupported one."""
-    name = str(tensor.dtype).removeprefix("torch.")
-    if name not in TORCH_DTYPES:
-        raise ConfigError("unsupported tensor dtype", dtype=name)
-    return dtype_named(TORCH_DTYPES[name])
 
 
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
@@ -208,8 +185,7 @@ def _encode_from_tensors(
 ) -> EncodeResult:
     from concurrent.futures import ThreadPoolExecutor
 
-    from hotload.snapshot.encoder import write_incremental
-    from hotload.snapshot.torch_codec import torch_source
+    from hotload.snapshot.torch_codec import torch_source  # imports torch
 
     layout = shard_layout(state_dict, max_shard_bytes)
     write_index(layout, scratch)

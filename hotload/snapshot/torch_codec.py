@@ -6,11 +6,8 @@ the planes — a few bytes per changed element for the sparse codec — cross to
 to be zstd-compressed by the same code as the numpy backend. Planes are identical for
 identical bits, so a snapshot encoded from CUDA tensors is byte-identical to one
 encoded from files, and :func:`patch_state_dict` rebuilds bit-identically to the
-directory decoder. torch is imported when this module is, never by the core.
-
-Integer words are signed torch types of the dtype's width (``int16`` for bf16);
-wrapping arithmetic is done one size wider and masked, so no result depends on how a
-device handles signed overflow.
+directory decoder. torch is imported when this module is, never by the core. The
+words and their planes on torch are :mod:`hotload.snapshot.codec.torch_words`.
 """
 
 from __future__ import annotations
@@ -26,118 +23,22 @@ import torch
 
 from hotload.errors import ChainBroken, ChecksumMismatch, DecodeFailed
 from hotload.snapshot.codec import dense, sparse
-from hotload.snapshot.codec.sparse import gap_planes_for
-from hotload.snapshot.codec.tensor_codec import ChunkJob, WordBackend, plan_decode
+from hotload.snapshot.codec.tensor_codec import ChunkJob, plan_decode
+from hotload.snapshot.codec.torch_words import unzigzag_add, words_of
 from hotload.snapshot.delta_files import DeltaFiles
 from hotload.snapshot.digest import tensor_hash, tensor_set_digest
 from hotload.snapshot.dtypes import DTYPES
 from hotload.snapshot.manifest import CodecId, Manifest, TensorEntry
 from hotload.snapshot.patching import checked_delta
-from hotload.snapshot.safetensors_file import SafetensorsHeader, TensorInfo
+from hotload.snapshot.safetensors_file import (
+    SafetensorsHeader,
+    TensorInfo,
+    build_header,
+    parse_header,
+)
+from hotload.snapshot.torch_dtypes import TORCH_DTYPES, safetensors_dtype
 
-_SIGNED: Final = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-_WIDER: Final = {1: torch.int16, 2: torch.int32, 4: torch.int64}
 _NUMPY_SIGNED: Final = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
-
-
-def words_of(tensor: torch.Tensor) -> torch.Tensor:
-    """A flat view of ``tensor``'s bits as integer words of its element size."""
-    flat = tensor.detach().reshape(-1)
-    if not flat.is_contiguous():
-        raise DecodeFailed("tensor is not contiguous", shape=list(tensor.shape))
-    return flat.view(_SIGNED[flat.element_size()])
-
-
-def _unsigned(words: torch.Tensor) -> torch.Tensor:
-    """Words as non-negative values in a wider type (width 8 stays int64, wrapping)."""
-    width = words.element_size()
-    if width == 8:
-        return words
-    wide = words.to(_WIDER[width])
-    return wide & ((1 << (8 * width)) - 1)
-
-
-def _narrow(wide: torch.Tensor, width: int) -> torch.Tensor:
-    """Values in [0, 2**(8*width)) back to words of ``width`` bytes."""
-    if width == 8:
-        return wide
-    if width == 1:
-        return wide.to(torch.uint8)
-    half = 1 << (8 * width - 1)
-    return torch.where(wide >= half, wide - 2 * half, wide).to(_SIGNED[width])
-
-
-def zigzag(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-    """``zigzag(new - old)`` as non-negative values (int64 bits for width 8)."""
-    width = new.element_size()
-    if width == 8:
-        diff = new - old
-        return (diff << 1) ^ (diff >> 63)
-    bits = 8 * width
-    mask = (1 << bits) - 1
-    diff = (_unsigned(new) - _unsigned(old)) & mask
-    signed = torch.where(diff >= 1 << (bits - 1), diff - (1 << bits), diff)
-    return ((signed << 1) ^ (signed >> (bits - 1))) & mask
-
-
-def unzigzag_add(old: torch.Tensor, zig: torch.Tensor) -> torch.Tensor:
-    """``old + unzigzag(zig)`` as words (wrapping)."""
-    width = old.element_size()
-    if width == 8:
-        return old + (((zig >> 1) & 0x7FFFFFFFFFFFFFFF) ^ -(zig & 1))
-    mask = (1 << (8 * width)) - 1
-    diff = (zig >> 1) ^ -(zig & 1)
-    return _narrow((_unsigned(old) + diff) & mask, width)
-
-
-def planes(values: torch.Tensor, count: int) -> list[np.ndarray]:
-    """Byte planes 0..count-1 of ``values`` (any integer type), as host uint8 arrays."""
-    if values.dtype == torch.uint8:
-        return [values.cpu().numpy()]
-    return [((values >> (8 * j)) & 0xFF).to(torch.uint8).cpu().numpy() for j in range(count)]
-
-
-class TorchWords:
-    """The torch backend of :class:`~hotload.snapshot.codec.tensor_codec.WordBackend`."""
-
-    def length(self, words: torch.Tensor) -> int:
-        return int(words.numel())
-
-    def same_layout(self, new: torch.Tensor, old: torch.Tensor) -> bool:
-        return bool(new.dtype == old.dtype and new.numel() == old.numel())
-
-    def changed(self, new: torch.Tensor, old: torch.Tensor) -> int:
-        return int((new != old).sum().item())
-
-    def dense_planes(
-        self, codec: CodecId, new: torch.Tensor, old: torch.Tensor | None
-    ) -> list[np.ndarray]:
-        width = new.element_size()
-        if codec is CodecId.RAW:
-            values = new
-        elif old is None:
-            raise ValueError(f"{codec} needs the previous words")
-        elif codec is CodecId.DENSE_XOR:
-            values = new ^ old
-        else:
-            values = zigzag(new, old)
-        return planes(values, width)
-
-    def sparse_planes(
-        self, new: torch.Tensor, old: torch.Tensor
-    ) -> tuple[int, int, list[np.ndarray]]:
-        positions = torch.nonzero(new != old).reshape(-1)
-        changes = int(positions.numel())
-        if changes == 0:
-            return 0, 0, []
-        start = torch.full((1,), -1, dtype=positions.dtype, device=positions.device)
-        gaps = torch.diff(positions, prepend=start) - 1
-        gap_count = gap_planes_for(int(gaps.max().item()))
-        values = zigzag(new[positions], old[positions])
-        return changes, gap_count, planes(gaps, gap_count) + planes(values, new.element_size())
-
-
-TORCH_WORDS: WordBackend = TorchWords()
 
 
 @dataclass(frozen=True)
@@ -191,8 +92,6 @@ def patch_state_dict(
 
 
 def _torch_dtype(entry: TensorEntry) -> torch.dtype:
-    from hotload.snapshot.state_dict import TORCH_DTYPES
-
     names = {v: k for k, v in TORCH_DTYPES.items()}
     name = names.get(entry.dtype)
     if name is None:
@@ -331,9 +230,6 @@ class TorchSource:
 
 def torch_source(layout: list[tuple[str, list[tuple[str, torch.Tensor]]]]) -> TorchSource:
     """The source of shards ``layout`` ((shard name, [(tensor name, tensor)]) in order)."""
-    from hotload.snapshot.safetensors_file import build_header, parse_header
-    from hotload.snapshot.state_dict import safetensors_dtype
-
     shards: dict[str, TorchShard] = {}
     by_name: dict[str, tuple[TorchShard, TensorInfo]] = {}
     for relpath, group in layout:

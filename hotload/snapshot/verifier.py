@@ -12,9 +12,13 @@ from pathlib import Path
 
 from hotload.api import SnapshotKind
 from hotload.errors import ChecksumMismatch
+from hotload.snapshot.codec.tensor_codec import plan_decode
 from hotload.snapshot.digest import check_file
+from hotload.snapshot.dtypes import DTYPES
 from hotload.snapshot.manifest import Manifest, read_manifest
 from hotload.snapshot.paths import inside
+from hotload.snapshot.shard_checks import check_complete_shards
+from hotload.snapshot.tensor_files import mapped_shards
 
 
 @dataclass(frozen=True)
@@ -45,10 +49,6 @@ def verify_stored_files(snapshot: Path, manifest: Manifest) -> VerifyResult:
 
 def verify(snapshot: Path) -> VerifyResult:
     """Verify the snapshot directory ``snapshot``; a typed error names the first problem."""
-    from hotload.snapshot.codec.tensor_codec import plan_decode
-    from hotload.snapshot.dtypes import DTYPES
-    from hotload.snapshot.tensor_files import mapped_shards
-
     manifest = read_manifest(snapshot)
     result = verify_stored_files(snapshot, manifest)
     if manifest.kind is SnapshotKind.INCREMENTAL:
@@ -67,8 +67,6 @@ def verify(snapshot: Path) -> VerifyResult:
                 changed=tensor.changed,
             )
         return result
-    from hotload.snapshot.decoder import check_complete_shards
-
     with mapped_shards(snapshot, [s.path for s in manifest.shards]) as index:
         check_complete_shards(index, manifest)
     return result

@@ -5,6 +5,7 @@ storage classes of :mod:`hotload.errors` with the URL and key as context. Knows 
 of Kubernetes or snapshots.
 """
 
+from hotload.retry import NO_RETRY, RetryPolicy
 from hotload.storage.bucket_url import BucketUrl, Scheme, check_key, parse_bucket_url
 from hotload.storage.credentials import StorageCredentials
 from hotload.storage.opener import open_storage
@@ -17,7 +18,6 @@ from hotload.storage.protocol import (
     ProgressCallback,
     Storage,
 )
-from hotload.storage.retry import NO_RETRY, RetryPolicy
 
 __all__ = [
     "DEFAULT_CONCURRENCY",

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Final
 
 from hotload.errors import ChecksumMismatch, ConfigError, StorageUnavailable
+from hotload.retry import RetryPolicy
 from hotload.storage.protocol import DownloadResult, ObjectInfo, ProgressCallback
-from hotload.storage.retry import RetryPolicy, call_with_retry
+from hotload.storage.retry import call_with_retry
 
 log = logging.getLogger(__name__)
 

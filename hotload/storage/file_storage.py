@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Final, TypeVar
 
 from hotload.errors import ObjectTooLarge
+from hotload.retry import RetryPolicy
 from hotload.storage.bucket_url import BucketUrl, check_key, check_prefix
 from hotload.storage.error_mapping import map_os_error
 from hotload.storage.protocol import (
@@ -24,7 +25,7 @@ from hotload.storage.protocol import (
     ObjectInfo,
 )
 from hotload.storage.ranged_store import RangedReadStore
-from hotload.storage.retry import RetryPolicy, call_with_retry
+from hotload.storage.retry import STORAGE_RETRY, call_with_retry
 
 T = TypeVar("T")
 
@@ -38,7 +39,7 @@ class FileStorage(RangedReadStore):
     def __init__(self, bucket: BucketUrl, *, retry: RetryPolicy | None = None) -> None:
         self._bucket = bucket
         self._root = bucket.root_path
-        self._retry = retry or RetryPolicy()
+        self._retry = retry or STORAGE_RETRY
 
     @property
     def url(self) -> str:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from hotload.errors import ConfigError
+from hotload.retry import RetryPolicy
 from hotload.storage.bucket_url import Scheme, parse_bucket_url
 from hotload.storage.credentials import StorageCredentials
 from hotload.storage.file_storage import FileStorage
 from hotload.storage.protocol import Storage
-from hotload.storage.retry import RetryPolicy
 from hotload.storage.s3_storage import AddressingStyle, S3Storage
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from hotload.retry import NO_RETRY
 from hotload.storage.download import ranged_download
 from hotload.storage.protocol import (
     DEFAULT_CONCURRENCY,
@@ -18,7 +19,6 @@ from hotload.storage.protocol import (
     ObjectInfo,
     ProgressCallback,
 )
-from hotload.storage.retry import RetryPolicy
 
 
 class RangedReadStore(ABC):
@@ -63,7 +63,7 @@ class RangedReadStore(ABC):
             expected_size=expected_size,
             part_size=part_size,
             concurrency=concurrency,
-            retry=RetryPolicy(attempts=1),  # get_range already retries
+            retry=NO_RETRY,  # get_range already retries
             progress=progress,
             url=self.url,
         )

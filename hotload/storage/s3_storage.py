@@ -22,6 +22,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
 from hotload.errors import HotloadError, ObjectTooLarge
+from hotload.retry import NO_RETRY, RetryPolicy
 from hotload.storage.bucket_url import BucketUrl, check_prefix
 from hotload.storage.credentials import StorageCredentials
 from hotload.storage.error_mapping import map_botocore_error
@@ -30,7 +31,7 @@ from hotload.storage.protocol import (
     ObjectInfo,
 )
 from hotload.storage.ranged_store import RangedReadStore
-from hotload.storage.retry import RetryPolicy, call_with_retry
+from hotload.storage.retry import STORAGE_RETRY, call_with_retry
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -55,7 +56,7 @@ class S3Storage(RangedReadStore):
         read_timeout: float = 30.0,
     ) -> None:
         self._bucket = bucket
-        self._retry = retry or RetryPolicy()
+        self._retry = retry or STORAGE_RETRY
         self._endpoint = endpoint
         style = addressing_style or ("path" if endpoint else "auto")
         config = Config(
@@ -100,7 +101,7 @@ class S3Storage(RangedReadStore):
             except Exception as err:
                 raise map_botocore_error(err, url=self.url, key=key, operation=operation) from err
 
-        policy = self._retry if retry else RetryPolicy(attempts=1)
+        policy = self._retry if retry else NO_RETRY
         return await call_with_retry(attempt, policy, what=f"{operation} {key or ''}")
 
     async def get(self, key: str, *, max_bytes: int = DEFAULT_GET_LIMIT) -> bytes:

@@ -12,7 +12,7 @@ import pytest
 
 from hotload.api import SnapshotKind
 from hotload.local.demo import DemoSettings, run_demo
-from hotload.local.regions import LocalRegions
+from hotload.local.lifecycle import LocalRegions
 
 pytestmark = pytest.mark.cluster
 

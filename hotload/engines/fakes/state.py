@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hotload.engines.fakes.weights import LoadFailedMidway, TensorStore
+from hotload.waiting import wait_until_async
 
 TOKEN_DIGITS = 6
 
@@ -167,18 +168,17 @@ class FakeEngineState:
 
     async def flush(self, *, timeout: float, ignore_held: bool) -> bool:
         """Drop every cache entry once the running batch is empty; False at ``timeout``."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
+
+        async def idle() -> bool:
             busy = self.running_batch() if ignore_held else len(self.running)
-            if busy == 0:
-                self.cache.clear()
-                self.counters["flushes"] += 1
-                return True
-            if loop.time() >= deadline:
-                self.counters["flushes_refused"] += 1
-                return False
-            await asyncio.sleep(min(0.02, max(0.0, deadline - loop.time())))
+            return busy == 0
+
+        if not await wait_until_async(idle, timeout, interval_s=0.02):
+            self.counters["flushes_refused"] += 1
+            return False
+        self.cache.clear()
+        self.counters["flushes"] += 1
+        return True
 
     # --- generation ----------------------------------------------------------------
 

@@ -8,9 +8,9 @@ volumes and pod-bound ServiceAccount token; writes its status; finishes its dele
 and proxies each Service on a stable local port. See ``docs/pod-runtime.md``.
 """
 
+from hotload.local.runtime.launcher import PROCESS_NAME, runtime_process, settings_for
 from hotload.local.runtime.pod_runtime import PodRuntime, read_ready, ready_file, run_runtime
 from hotload.local.runtime.process_ledger import ProcessLedger
-from hotload.local.runtime.region_process import PROCESS_NAME, runtime_process, settings_for
 from hotload.local.runtime.service_ports import read_ports
 from hotload.local.runtime.settings import RestartBackoff, RuntimeSettings
 

@@ -6,13 +6,13 @@ the watch was down, and each event after it. Bookmarks only move the version.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from hotload.errors import KubeError, KubeExpired
 from hotload.local.runtime.kube_rest import KubeRest
+from hotload.retry import Backoff, RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -30,13 +30,13 @@ async def list_and_watch(
     max_delay_s: float = 5.0,
 ) -> None:
     """Run until cancelled."""
-    delay = 0.2
+    backoff = Backoff(RetryPolicy(initial_s=0.2, maximum_s=max_delay_s, jitter=0.0))
     while True:
         try:
             listing = await rest.request("GET", path, params=list(params))
             version = str(listing["metadata"]["resourceVersion"])
             on_list(list(listing.get("items") or []))
-            delay = 0.2
+            backoff.reset()
             while True:
                 async for event in rest.watch(path, resource_version=version, params=params):
                     obj = event.get("object") or {}
@@ -50,9 +50,7 @@ async def list_and_watch(
             log.exception(
                 "list/watch step failed; listing again", extra={"path": path, "error": repr(err)}
             )
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, max_delay_s)
+            await backoff.wait()
         except KubeError as err:
             log.warning("list/watch failed; retrying", extra={"path": path, "error": str(err)})
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, max_delay_s)
+            await backoff.wait()

@@ -35,7 +35,7 @@ from hotload.local.runtime.pod_worker import PodWorker, WorkerDeps
 from hotload.local.runtime.process_ledger import ProcessLedger
 from hotload.local.runtime.service_ports import ServicePorts
 from hotload.local.runtime.settings import RuntimeSettings
-from hotload.local.runtime.shared_hosts import SharedHosts
+from hotload.local.runtime.shared_host_pool import SharedHosts
 from hotload.local.runtime.volumes import remove_stale_pod_dirs
 
 log = logging.getLogger(__name__)

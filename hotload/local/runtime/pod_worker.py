@@ -59,9 +59,10 @@ from hotload.local.runtime.probes import parse_probe
 from hotload.local.runtime.process_ledger import ProcessLedger
 from hotload.local.runtime.processes import ProcessSpec, start_process
 from hotload.local.runtime.settings import RuntimeSettings
-from hotload.local.runtime.shared_hosts import SharedHosts
+from hotload.local.runtime.shared_host_pool import SharedHosts
 from hotload.local.runtime.volumes import PodDirectory
 from hotload.mounts import host_path
+from hotload.retry import Backoff, RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ HOST_IP = "127.0.0.1"
 DEFAULT_GRACE_S = 30.0
 VANISHED_GRACE_S = 2.0
 """Grace for a pod that disappeared without us (force-deleted): kubelet's minimum."""
+STATUS_WRITE_RETRY = RetryPolicy(initial_s=0.2, maximum_s=5.0, jitter=0.0)
+"""Retries of a failed pod status write: 0.2 s doubling to 5 s."""
 
 
 @dataclass(frozen=True)
@@ -518,21 +521,20 @@ class PodWorker:
         self._written_conditions = {c["type"]: c for c in body["status"]["conditions"]}
 
     async def _status_loop(self) -> None:
-        delay = 0.2
+        backoff = Backoff(STATUS_WRITE_RETRY)
         while True:
             await self._dirty.wait()
             await asyncio.sleep(0.05)  # coalesce a burst of changes into one patch
             self._dirty.clear()
             try:
                 await self._write_status()
-                delay = 0.2
+                backoff.reset()
             except KubeNotFound:
                 return
             except KubeError as err:
                 log.warning("pod status write failed", extra={"pod": self.key, "error": str(err)})
                 self._dirty.set()
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                await backoff.wait()
 
     async def _flush_status(self) -> None:
         """Write the final statuses (containers terminated) before finishing a deletion."""

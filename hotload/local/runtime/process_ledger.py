@@ -18,11 +18,11 @@ import logging
 import os
 import re
 import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from hotload.local.runtime.atomic_files import atomic_write_json
+from hotload.waiting import wait_until
 
 log = logging.getLogger(__name__)
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -102,9 +102,7 @@ class ProcessLedger:
             )
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(entry.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while any(e.alive() for e in alive) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: not any(e.alive() for e in alive), grace_s, interval_s=0.05)
         for entry in alive:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(entry.pid, signal.SIGKILL)

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from hotload.retry import RetryPolicy
+
 #: The ServiceAccount token lifetime a kubelet asks for (3607 s: the apiserver then
 #: extends it quietly for clients that do not reload, and we renew at 80 % anyway).
 DEFAULT_TOKEN_SECONDS: Final = 3607
@@ -26,18 +28,24 @@ DEFAULT_AGENT_FACTORY: Final = "hotload.local.runtime.agent_factory:run_sidecar_
 
 @dataclass(frozen=True)
 class RestartBackoff:
-    """Crash-loop backoff, kubelet's numbers by default: the first restart is immediate,
-    then 10 s doubling to 5 min; a container that ran ``reset_after_s`` starts over."""
+    """Crash-loop backoff, kubelet's rule and numbers by default: the first restart is
+    immediate, then the delays of :attr:`policy` (10 s doubling to 5 min, no jitter); a
+    container that ran ``reset_after_s`` starts over."""
 
     initial_s: float = 10.0
     maximum_s: float = 300.0
     reset_after_s: float = 600.0
 
+    @property
+    def policy(self) -> RetryPolicy:
+        """The delays after the first restart: the one backoff, doubling without jitter."""
+        return RetryPolicy(initial_s=self.initial_s, maximum_s=self.maximum_s, jitter=0.0)
+
     def delay(self, restart: int, ran_for_s: float) -> float:
         """Seconds to wait before restart number ``restart`` (1 = the first restart)."""
         if restart <= 1 or ran_for_s >= self.reset_after_s:
             return 0.0
-        return float(min(self.initial_s * 2 ** (restart - 2), self.maximum_s))
+        return self.policy.ceiling(restart - 2)
 
 
 @dataclass(frozen=True)

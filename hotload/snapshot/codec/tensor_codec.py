@@ -71,7 +71,7 @@ def _map(
 
 class WordBackend(Protocol):
     """Where the words live and how their planes are made (numpy here; torch in
-    ``hotload.snapshot.torch_codec``). Backends return identical planes for identical
+    ``hotload.snapshot.codec.torch_words``). Backends return identical planes for identical
     bits, so the payloads — compressed by the same code — are identical too."""
 
     def length(self, words: Any) -> int: ...
@@ -113,7 +113,7 @@ def backend_for(words: Any) -> WordBackend:
     """numpy for arrays; torch (imported now) for anything else."""
     if isinstance(words, np.ndarray):
         return NUMPY_WORDS
-    from hotload.snapshot.torch_codec import TORCH_WORDS
+    from hotload.snapshot.codec.torch_words import TORCH_WORDS
 
     return TORCH_WORDS
 

@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -20,6 +19,7 @@ from typing import Final
 import pytest
 
 from hotload.local.ports import free_port
+from hotload.waiting import wait_until
 
 START_DEADLINE_S: Final = 120.0
 ENGINE_HOST: Final = "127.0.0.1"
@@ -71,16 +71,19 @@ def start_engine(workdir: Path, *extra: str, host: str = ENGINE_HOST) -> EngineP
             stderr=subprocess.STDOUT,
         )
     engine = EngineProcess(f"http://{host}:{port}", process, log_path)
-    deadline = time.monotonic() + START_DEADLINE_S
-    while not _healthy(engine.base_url):
+
+    def healthy_or_exited() -> bool:
+        if _healthy(engine.base_url):
+            return True
         if process.poll() is not None:
             raise RuntimeError(f"the engine exited with {process.returncode}:\n{engine.log_tail()}")
-        if time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError(
-                f"the engine did not answer in {START_DEADLINE_S} s:\n{engine.log_tail()}"
-            )
-        time.sleep(0.2)
+        return False
+
+    if not wait_until(healthy_or_exited, START_DEADLINE_S, interval_s=0.2):
+        process.kill()
+        raise RuntimeError(
+            f"the engine did not answer in {START_DEADLINE_S} s:\n{engine.log_tail()}"
+        )
     logits = _fetch(f"{engine.base_url}/admin/logits", {"prompt_token_ids": list(PROBE)})
     weights = _fetch(f"{engine.base_url}/admin/weights_digest")
     engine.started_as = {
@@ -118,7 +121,7 @@ def reference_engine(engine_workdir: Path) -> Iterator[EngineProcess]:
 @pytest.fixture(scope="module")
 def publish(engine_workdir: Path) -> Callable[[str, int], Path]:
     """``publish(identity, seed)``: a full snapshot directory as a trainer writes it."""
-    from hotload.engines import reference_model as rm
+    from hotload.engines.reference import model as rm
 
     config = rm.build_config("tiny")
 

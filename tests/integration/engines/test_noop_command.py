@@ -7,8 +7,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from hotload.waiting import wait_until
 
 
 def test_noop_engine_waits_for_sigterm_and_exits_zero() -> None:
@@ -18,12 +19,14 @@ def test_noop_engine_waits_for_sigterm_and_exits_zero() -> None:
     )
     try:
         assert process.stdout is not None
-        deadline = time.monotonic() + 60
-        line = ""
-        while "serving nothing" not in line:  # logged once its signal handlers are in place
-            assert time.monotonic() < deadline, "the noop engine never said it was up"
-            line = process.stdout.readline()
+        stdout = process.stdout
+
+        def said_up() -> bool:  # logged once its signal handlers are in place
+            line = stdout.readline()
             assert line or process.poll() is None, f"exited early with {process.returncode}"
+            return "serving nothing" in line
+
+        assert wait_until(said_up, 60, interval_s=0), "the noop engine never said it was up"
         assert process.poll() is None
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=10) == 0

@@ -20,9 +20,10 @@ from safetensors.torch import load_file, save_file
 from hotload.api import KvCachePolicy, SnapshotKind
 from hotload.api.pod import SESSION_HEADER
 from hotload.engines import PauseMode, ReferenceEngine
-from hotload.engines import reference_model as rm
-from hotload.engines.reference_weights import merge_lora
+from hotload.engines.reference import model as rm
+from hotload.engines.reference.weights import merge_lora
 from hotload.errors import EngineRejected
+from hotload.waiting import wait_until_async
 from tests.integration.engines.conftest import PROBE as CONFTEST_PROBE
 from tests.integration.engines.conftest import EngineProcess, start_engine, stop_engine
 
@@ -373,9 +374,11 @@ async def test_a_client_that_goes_away_frees_its_generation(
         chunks = _read_stream(stream)
         await anext(chunks)
         assert (await admin(engine, "GET", "/admin/identity"))["active_generations"] == 1
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
-    while (await admin(engine, "GET", "/admin/identity"))["active_generations"] != 0:
-        assert loop.time() < deadline, "the abandoned generation kept running"
-        await asyncio.sleep(0.05)
+
+    async def abandoned() -> bool:
+        return bool((await admin(engine, "GET", "/admin/identity"))["active_generations"] == 0)
+
+    assert await wait_until_async(abandoned, 10, interval_s=0.05), (
+        "the abandoned generation kept running"
+    )
     await asyncio.wait_for(engine.pause(PauseMode.WAIT), timeout=5)  # nothing left to wait for

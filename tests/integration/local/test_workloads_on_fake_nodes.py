@@ -5,7 +5,6 @@ runtime; readiness gates are never forged."""
 from __future__ import annotations
 
 import json
-import time
 from ipaddress import IPv4Address
 from typing import Any
 
@@ -15,7 +14,8 @@ import yaml
 from hotload.api.pod import CONDITION_SNAPSHOT_READY
 from hotload.local import LocalRegions, Region
 from hotload.local.processes import is_alive, read_records
-from hotload.local.runtime.region_process import PROCESS_NAME as RUNTIME_PROCESS
+from hotload.local.runtime.launcher import PROCESS_NAME as RUNTIME_PROCESS
+from hotload.waiting import wait_until
 from tests.fixtures.cluster import Kubectl
 
 pytestmark = pytest.mark.cluster
@@ -121,8 +121,7 @@ def test_pods_with_a_hotload_container_are_left_to_the_pod_runtime(
 
     # kwok has played its stages on the pod created after ours; give it a moment more to
     # prove it never plays them on ours.
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:
+    def still_left_alone() -> bool:
         pod = _get_pod(kubectl, namespace, "ours", region.name)
         assert pod["spec"].get("nodeName") in region.node_names(), "ours must be scheduled"
         ip = pod["status"].get("podIP")
@@ -131,7 +130,9 @@ def test_pods_with_a_hotload_container_are_left_to_the_pod_runtime(
             assert pod["status"]["phase"] == "Pending"
             assert ip is None
             assert "containerStatuses" not in pod["status"]
-        time.sleep(0.2)
+        return False  # not a condition to reach: checked again until the 2 s are up
+
+    wait_until(still_left_alone, 2.0, interval_s=0.2)
 
 
 def test_kwok_does_not_forge_readiness_gates(

@@ -12,6 +12,7 @@ import pytest
 from kubernetes import client as k8s
 
 from hotload.local import LocalRegions, Region
+from hotload.waiting import wait_until
 
 T = TypeVar("T")
 TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
@@ -21,13 +22,9 @@ def wait_for(
     what: str, probe: Callable[[], T | None], timeout: float = 60.0, every: float = 0.2
 ) -> T:
     """Poll ``probe`` until it returns something truthy; fail naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(every)
+    last = wait_until(probe, timeout, interval_s=every)
+    if last:
+        return last
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 

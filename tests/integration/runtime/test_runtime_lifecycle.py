@@ -25,8 +25,8 @@ from hotload.local import LocalRegions, Region, down, up
 from hotload.local import processes as region_processes
 from hotload.local.bootstrap import api_client
 from hotload.local.runtime import PROCESS_NAME, read_ports, ready_file, runtime_process
+from hotload.local.runtime.launcher import settings_for
 from hotload.local.runtime.process_ledger import start_ticks
-from hotload.local.runtime.region_process import settings_for
 from tests.integration.runtime.conftest import (
     TOLERATION,
     condition,

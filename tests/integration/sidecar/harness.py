@@ -16,7 +16,6 @@ import contextlib
 import copy
 import os
 import signal
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ from hotload.api.pod import (
 )
 from hotload.api.rollout_deployment import PLURAL
 from hotload.local import Region
+from hotload.waiting import wait_until_async
 
 T = TypeVar("T")
 
@@ -56,18 +56,17 @@ async def eventually(
     interval: float = 0.1,
 ) -> T:
     """Poll ``probe`` until it returns something truthy; fail with ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
+
+    async def attempt() -> Any:
         result = probe()
         if asyncio.iscoroutine(result):
             result = await result
-        if result:
-            return result  # type: ignore[return-value]
-        last = result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
-        await asyncio.sleep(interval)
+        return result
+
+    last = await wait_until_async(attempt, timeout, interval_s=interval)
+    if last:
+        return last  # type: ignore[no-any-return]
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
 def rollout_deployment(

@@ -8,7 +8,6 @@ connection to a rate in KB/s, so a test can stop a download in the middle.
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 
 from hotload.local.ports import free_port
 from hotload.local.tools import tool_path
+from hotload.waiting import wait_until
 
 HOST = "127.0.0.1"
 
@@ -81,16 +81,19 @@ def toxiproxy(tmp_path: Path) -> Iterator[Toxiproxy]:
         stderr=subprocess.STDOUT,
     )
     api = f"http://{HOST}:{api_port}"
-    deadline = time.monotonic() + 15
-    while True:
+
+    def answers() -> bool:
         try:
             if httpx.get(f"{api}/version", timeout=1).status_code == 200:
-                break
+                return True
         except httpx.HTTPError:
             pass
-        if process.poll() is not None or time.monotonic() > deadline:
+        if process.poll() is not None:
             raise AssertionError(f"toxiproxy did not start; see {tmp_path / 'toxiproxy.log'}")
-        time.sleep(0.1)
+        return False
+
+    if not wait_until(answers, 15, interval_s=0.1):
+        raise AssertionError(f"toxiproxy did not start; see {tmp_path / 'toxiproxy.log'}")
     try:
         yield Toxiproxy(api, free_port())
     finally:

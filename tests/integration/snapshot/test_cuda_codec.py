@@ -14,7 +14,8 @@ torch = pytest.importorskip("torch")
 
 from hotload.snapshot import CodecId, CodecOptions, encode_state_dict, rebuild  # noqa: E402
 from hotload.snapshot.codec.tensor_codec import encode_tensor  # noqa: E402
-from hotload.snapshot.torch_codec import patch_state_dict, words_of  # noqa: E402
+from hotload.snapshot.codec.torch_words import words_of  # noqa: E402
+from hotload.snapshot.torch_codec import patch_state_dict  # noqa: E402
 from tests.unit.snapshot.test_torch_codec import state, step  # noqa: E402
 
 pytestmark = [

@@ -11,7 +11,7 @@ from hotload.storage import RetryPolicy, Storage, open_storage
 from tests.fixtures.minio import MinioServer
 
 #: Quick retries so tests of transient failures stay short.
-FAST_RETRY = RetryPolicy(attempts=40, base_delay=0.05, max_delay=0.4)
+FAST_RETRY = RetryPolicy(attempts=40, initial_s=0.05, maximum_s=0.4, jitter=1.0)
 
 
 def open_backend(kind: str, tmp_path: Path, minio: MinioServer | None) -> Storage:

@@ -67,7 +67,7 @@ async def test_wrong_credentials_are_access_denied_without_retrying(minio: Minio
         endpoint=minio.endpoint,
         region="us-east-1",
         credentials=StorageCredentials(WRONG_ACCESS_KEY, WRONG_SECRET_KEY),
-        retry=RetryPolicy(attempts=5, base_delay=5.0),
+        retry=RetryPolicy(attempts=5, initial_s=5.0, maximum_s=10.0, jitter=1.0),
     )
     try:
         loop = asyncio.get_running_loop()
@@ -128,7 +128,7 @@ async def test_download_survives_an_outage_and_completes_when_the_server_returns
         endpoint=server.endpoint,
         region="us-east-1",
         credentials=server.credentials,
-        retry=RetryPolicy(attempts=60, base_delay=0.05, max_delay=0.3),
+        retry=RetryPolicy(attempts=60, initial_s=0.05, maximum_s=0.3, jitter=1.0),
     )
     data = payload(2048 * KIB, seed=11)
     await storage.put("step-5/model.safetensors", data)
@@ -236,7 +236,7 @@ async def test_no_log_line_carries_a_credential(
             endpoint=server.endpoint,
             region="us-east-1",
             credentials=server.credentials,
-            retry=RetryPolicy(attempts=2, base_delay=0.01),
+            retry=RetryPolicy(attempts=2, initial_s=0.01, maximum_s=10.0, jitter=1.0),
         )
         bad = open_storage(
             f"s3://{bucket}/p",

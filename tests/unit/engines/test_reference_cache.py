@@ -7,7 +7,7 @@ import torch
 from transformers import DynamicCache
 
 from hotload.api import KvCachePolicy
-from hotload.engines.reference_cache import PromptCache
+from hotload.engines.reference.cache import PromptCache
 
 
 def kv(length: int) -> DynamicCache:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hotload.engines import reference_model as rm
-from hotload.engines import reference_tokenizer as tok
+from hotload.engines.reference import model as rm
+from hotload.engines.reference import tokenizer as tok
 from hotload.errors import ConfigError
 
 

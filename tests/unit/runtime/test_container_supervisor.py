@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -14,6 +15,7 @@ from hotload.local.runtime.container import ContainerProbes, ContainerSupervisor
 from hotload.local.runtime.process_ledger import ProcessLedger, start_ticks
 from hotload.local.runtime.processes import ProcessSpec, start_process
 from hotload.local.runtime.settings import RestartBackoff
+from hotload.waiting import wait_until_async
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -29,12 +31,12 @@ def _spec(tmp_path: Path, code: str, key: str = "c") -> ProcessSpec:
     )
 
 
-async def _until(predicate: object, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        await asyncio.sleep(0.05)
+async def _until(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
+    async def holds() -> bool:
+        return predicate()
+
+    if not await wait_until_async(holds, timeout, interval_s=0.05):
+        raise AssertionError("condition not met before the deadline")
 
 
 async def test_a_crashing_container_restarts_with_growing_backoff(tmp_path: Path) -> None:

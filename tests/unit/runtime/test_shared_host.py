@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter
 
-from hotload.local.runtime.shared_host import SharedHost
+from hotload.local.runtime.shared_host_main import SharedHost
 from hotload.local.runtime.shared_protocol import (
     AgentExited,
     AgentStarted,

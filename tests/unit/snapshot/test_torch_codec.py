@@ -21,7 +21,8 @@ from hotload.snapshot import (  # noqa: E402
     rebuild,
 )
 from hotload.snapshot.codec.tensor_codec import NUMPY_WORDS, encode_tensor  # noqa: E402
-from hotload.snapshot.torch_codec import TORCH_WORDS, patch_state_dict, words_of  # noqa: E402
+from hotload.snapshot.codec.torch_words import TORCH_WORDS, words_of  # noqa: E402
+from hotload.snapshot.torch_codec import patch_state_dict  # noqa: E402
 
 DTYPES = [
     "bfloat16",

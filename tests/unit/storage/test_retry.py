@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import replace
 
 import pytest
 
 from hotload.errors import AccessDenied, NotFound, StorageUnavailable
 from hotload.storage import RetryPolicy
-from hotload.storage.retry import call_with_retry
+from hotload.storage.retry import STORAGE_RETRY, call_with_retry
 
 
 def test_delays_stay_within_the_doubling_ceiling_and_the_cap() -> None:
-    policy = RetryPolicy(attempts=10, base_delay=0.5, max_delay=3.0, rng=random.Random(7))
+    policy = RetryPolicy(attempts=10, initial_s=0.5, maximum_s=3.0, jitter=1.0)
+    rng = random.Random(7)
     for retry in range(10):
         ceiling = min(3.0, 0.5 * 2**retry)
-        samples = [policy.delay(retry) for _ in range(200)]
+        samples = [policy.delay(retry, rng) for _ in range(200)]
         assert all(0.0 <= sample <= ceiling for sample in samples)
         assert max(samples) > ceiling * 0.8  # jitter spreads over the whole range
 
@@ -33,11 +35,11 @@ async def test_transient_failures_are_retried_until_success() -> None:
         return "ok"
 
     retries: list[int] = []
-    policy = RetryPolicy(attempts=5, base_delay=1.0, max_delay=8.0, rng=random.Random(1))
+    policy = RetryPolicy(attempts=5, initial_s=1.0, maximum_s=8.0, jitter=1.0)
     loop = asyncio.get_running_loop()
     started = loop.time()
     result = await call_with_retry(
-        flaky, policy, what="test", on_retry=lambda _, n: retries.append(n)
+        flaky, policy, what="test", on_retry=lambda _, n: retries.append(n), rng=random.Random(1)
     )
     assert result == "ok"
     assert calls == 4
@@ -57,7 +59,9 @@ async def test_last_transient_error_is_raised_when_attempts_run_out() -> None:
         raise StorageUnavailable("down", attempt=calls)
 
     with pytest.raises(StorageUnavailable) as raised:
-        await call_with_retry(down, RetryPolicy(attempts=3, rng=random.Random(2)), what="test")
+        await call_with_retry(
+            down, replace(STORAGE_RETRY, attempts=3), what="test", rng=random.Random(2)
+        )
     assert calls == 3
     assert raised.value.context["attempt"] == 3
 

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT = 30.0
 
 
-class EngineHttp:
+class AdminHttp:
     """A base URL, an ``httpx.AsyncClient`` (owned or borrowed) and optional bearer key."""
 
     def __init__(

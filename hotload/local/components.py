@@ -16,7 +16,7 @@ from typing import Final
 from hotload.local import control_plane
 from hotload.local.processes import ProcessSpec
 from hotload.local.region import Region
-from hotload.local.runtime.region_process import runtime_process
+from hotload.local.runtime.launcher import runtime_process
 
 ProcessBuilder = Callable[[Region, Mapping[str, Path]], ProcessSpec]
 """(region, cached tool paths by name) → the spec of one process of that region."""

@@ -28,9 +28,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from hotload.api.pod import SESSION_HEADER
-from hotload.engines import reference_tokenizer as tok
-from hotload.engines.reference_runtime import GenerationRequest, GenerationStats, ReferenceRuntime
-from hotload.engines.reference_schemas import (
+from hotload.engines.reference import tokenizer as tok
+from hotload.engines.reference.runtime import GenerationRequest, GenerationStats, ReferenceRuntime
+from hotload.engines.reference.schemas import (
     ChatRequest,
     CompletionRequest,
     LoadRequest,

@@ -29,11 +29,11 @@ import torch
 from transformers import DynamicCache, Qwen2Config
 
 from hotload.api import KvCachePolicy, SnapshotKind
-from hotload.engines import reference_model as rm
-from hotload.engines import reference_tokenizer as tok
 from hotload.engines.protocol import PauseMode
-from hotload.engines.reference_cache import DEFAULT_CAPACITY, PromptCache
-from hotload.engines.reference_weights import merge_lora, read_full_snapshot
+from hotload.engines.reference import model as rm
+from hotload.engines.reference import tokenizer as tok
+from hotload.engines.reference.cache import DEFAULT_CAPACITY, PromptCache
+from hotload.engines.reference.weights import merge_lora, read_full_snapshot
 from hotload.errors import EngineBusy
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import httpx
 
-from hotload.engines.engine_http import EngineHttp
+from hotload.engines.admin_http import AdminHttp
 from hotload.engines.readiness import poll_until_healthy
 from hotload.errors import EngineUnavailable
 
@@ -26,7 +26,7 @@ class HttpEngine:
     def __init__(
         self, base_url: str, client: httpx.AsyncClient | None = None, *, api_key: str | None = None
     ) -> None:
-        self._http = EngineHttp(base_url, client, api_key=api_key)
+        self._http = AdminHttp(base_url, client, api_key=api_key)
 
     @property
     def base_url(self) -> str:

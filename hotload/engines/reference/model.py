@@ -11,7 +11,7 @@ Weights are *stored* in the config's dtype (what snapshots hold) and *computed* 
 exact, so the served weights equal the snapshot's bit for bit; :func:`weights_digest`
 proves it by hashing every parameter narrowed back to the storage dtype.
 
-Token ids are bytes (see :mod:`hotload.engines.reference_tokenizer`), so vocabularies
+Token ids are bytes (see :mod:`hotload.engines.reference.tokenizer`), so vocabularies
 start at 256 + the special tokens.
 """
 
@@ -29,9 +29,9 @@ import torch
 from safetensors.torch import save_file
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from hotload.engines.reference.weights import CONFIG_FILE, ParamSpec, read_full_snapshot
 from hotload.errors import ConfigError
 
-CONFIG_FILE: Final = "config.json"
 WEIGHTS_FILE: Final = "model.safetensors"
 DEFAULT_SEED: Final = 0
 
@@ -68,21 +68,6 @@ SIZES: Final[Mapping[str, Mapping[str, Any]]] = {
         "tie_word_embeddings": True,
     },
 }
-
-#: Config fields that decide what the weights mean; a snapshot's config.json must agree.
-ARCHITECTURE_FIELDS: Final = (
-    "model_type",
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "tie_word_embeddings",
-    "rope_theta",
-    "rms_norm_eps",
-    "hidden_act",
-)
 
 _DTYPES: Final = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -198,8 +183,6 @@ def save_snapshot(
 
 def load_model(directory: Path, *, compute_dtype: torch.dtype = torch.float32) -> Qwen2ForCausalLM:
     """A model from a snapshot directory, strictly (the way the engine loads one)."""
-    from hotload.engines.reference_weights import read_full_snapshot
-
     config = build_config(directory)
     model = build_model(config, compute_dtype=compute_dtype)
     weights = read_full_snapshot(
@@ -214,21 +197,8 @@ def load_model(directory: Path, *, compute_dtype: torch.dtype = torch.float32) -
     return model
 
 
-@dataclass(frozen=True)
-class ParamSpec:
-    """What the engine expects of one stored tensor."""
-
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-
 def parameter_specs(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, ParamSpec]:
     return {name: ParamSpec(tuple(param.shape), dtype) for name, param in parameters(model).items()}
-
-
-def architecture_of(config: Qwen2Config) -> dict[str, Any]:
-    fields = config.to_dict()
-    return {name: fields.get(name) for name in ARCHITECTURE_FIELDS}
 
 
 @dataclass(frozen=True)

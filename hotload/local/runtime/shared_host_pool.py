@@ -2,7 +2,7 @@
 
 Pods annotated ``hotload.dev/runtime: shared`` (a sidecar and a ``noop`` engine) do not
 get processes of their own: their agents run as tasks in their deployment's host
-(:mod:`hotload.local.runtime.shared_host`), which this module starts on demand, talks
+(:mod:`hotload.local.runtime.shared_host_main`), which this module starts on demand, talks
 to over a pipe, and stops when its last agent stops. To the container supervisor an
 agent looks like a process: it starts, it exits with a code, it can be terminated. If
 the host dies, each of its agents "exits" with 137 and is restarted by its pod's

@@ -1,6 +1,6 @@
 """The runtime as one of a region's processes: what ``hotload local up`` starts.
 
-Added to :data:`hotload.local.region_processes.PROCESS_BUILDERS` in the ``WORKLOADS``
+Added to :data:`hotload.local.components.PROCESS_BUILDERS` in the ``WORKLOADS``
 wave (once the fake nodes are Ready); ready when its ready file is written (pods and
 Services listed, Service ports open). ``down`` sends SIGTERM to it and waits
 ``stop_timeout_s`` before SIGKILL, so the runtime's own stop (containers within their

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import random
 
-from hotload.sidecar.backoff import Backoff
-from hotload.sidecar.config import RetryPolicy
+from hotload.retry import Backoff, RetryPolicy
 
 
 def test_delays_grow_then_stay_under_the_cap() -> None:

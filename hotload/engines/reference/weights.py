@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -23,11 +24,39 @@ from hotload.errors import EngineRejected
 if TYPE_CHECKING:
     from transformers import Qwen2Config
 
-    from hotload.engines.reference_model import ParamSpec
-
+CONFIG_FILE: Final = "config.json"
 ADAPTER_CONFIG: Final = "adapter_config.json"
 ADAPTER_WEIGHTS: Final = "adapter_model.safetensors"
 _MAX_LISTED: Final = 5
+
+
+#: Config fields that decide what the weights mean; a snapshot's config.json must agree.
+ARCHITECTURE_FIELDS: Final = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "tie_word_embeddings",
+    "rope_theta",
+    "rms_norm_eps",
+    "hidden_act",
+)
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """What the engine expects of one stored tensor."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def architecture_of(config: Qwen2Config) -> dict[str, Any]:
+    fields = config.to_dict()
+    return {name: fields.get(name) for name in ARCHITECTURE_FIELDS}
 
 
 def _listed(names: set[str]) -> list[str]:
@@ -36,8 +65,6 @@ def _listed(names: set[str]) -> list[str]:
 
 def check_config(directory: Path, architecture: Qwen2Config) -> None:
     """config.json, when the snapshot has one, must match the served architecture."""
-    from hotload.engines.reference_model import CONFIG_FILE, architecture_of
-
     path = directory / CONFIG_FILE
     if not path.exists():
         return

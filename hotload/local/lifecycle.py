@@ -26,6 +26,7 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 
 from hotload.errors import ConfigError, LocalRegionError
 from hotload.local import bootstrap, claims, kubeconfigs, processes
+from hotload.local.components import region_processes
 from hotload.local.control_plane import kwok_stages_text
 from hotload.local.locations import state_dir as default_state_dir
 from hotload.local.ports import free_port, wait_ports_free
@@ -37,7 +38,6 @@ from hotload.local.region import (
     validate_index,
     validate_name,
 )
-from hotload.local.region_processes import region_processes
 from hotload.local.state import (
     StateFile,
     kubeconfig_path,
