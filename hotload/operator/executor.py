@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
-import yaml
 from kubernetes_asyncio.client import (
     ApiClient,
+    ApiException,
     AppsV1Api,
     CoreV1Api,
     CustomObjectsApi,
@@ -44,11 +44,20 @@ Body = dict[str, Any]
 
 
 async def _json(call: Awaitable[Any]) -> Body:
+    """The response as JSON; a non-2xx answer raises the client's ``ApiException``.
+
+    (With ``_preload_content=False`` the client hands back the raw response without
+    checking its status: that check is ours.)
+    """
     response = await call
     try:
         payload = await response.read()
     finally:
         response.release()
+    if not 200 <= response.status <= 299:
+        error = ApiException(status=response.status, reason=response.reason)
+        error.body = payload
+        raise error
     return json.loads(payload) if payload else {}
 
 
@@ -131,7 +140,7 @@ class KubeExecutor:
         kind = manifest["kind"]
         namespace = manifest["metadata"]["namespace"]
         name = manifest["metadata"]["name"]
-        body = yaml.safe_dump(dict(manifest), sort_keys=False)
+        body = dict(manifest)  # JSON is YAML: the client sends it as JSON text
         options: dict[str, Any] = {
             "field_manager": FIELD_MANAGER,
             "force": True,

@@ -292,14 +292,18 @@ def _deployment_events(
 def _replica_failure_events(
     desired: Sequence[PodReport], deployment: ObservedDeployment, observation: Observation
 ) -> list[EventSpec]:
-    """One Warning per replica that turned Failed (its target's ledger did not say so yet)."""
+    """One Warning per replica that turned Failed for a replica-only reason (its target's
+    ledger did not say so yet)."""
     target = recorded_ref(deployment.status, "targetSnapshot")
     observed = observation.snapshots.get(target.identity) if target else None
     ledger = observed.ledger if observed is not None else {}
     events = []
     for pod in desired:
-        if pod.state is not ReplicaState.FAILED:
-            continue
+        if (
+            pod.state is not ReplicaState.FAILED
+            or pod.reason in reason_words.CHAIN_BREAKING_REASONS
+        ):
+            continue  # chain breaks have their own Events, on the snapshot and the deployment
         recorded = ledger.get(pod.name)
         if (
             recorded is not None

@@ -230,12 +230,14 @@ class DeploymentReconciler:
                     last_list = time.monotonic()
                 await self.reconcile()
                 delay = self._timing.retry_initial_s
-            except KubeError as err:
+            except Exception as err:  # a reconciler never dies: it logs and retries
                 self._seeded = False
                 self._workload_dirty = True
-                self._metrics.reconcile_errors.labels(self.namespace, self.name, err.reason).inc()
+                reason = err.reason if isinstance(err, KubeError) else type(err).__name__
+                self._metrics.reconcile_errors.labels(self.namespace, self.name, reason).inc()
                 log.warning(
                     "reconcile failed, retrying",
+                    exc_info=not isinstance(err, KubeError),
                     extra=self._context(error=str(err), retry_in_s=round(delay, 2)),
                 )
                 await asyncio.sleep(delay)

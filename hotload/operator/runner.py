@@ -26,6 +26,31 @@ from hotload.operator.workload import SIDECAR_CLUSTER_ROLE
 
 log = logging.getLogger(__name__)
 
+#: Attributes kopf adds to its records that are not for humans (its whole settings object).
+_KOPF_NOISE = ("settings", "k8s_skip")
+
+
+class _KopfRecordFilter(logging.Filter):
+    """Keep kopf's records to what matters: the object they are about, not its settings."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name in _KOPF_NOISE:
+            record.__dict__.pop(name, None)
+        ref = record.__dict__.pop("k8s_ref", None)
+        if isinstance(ref, dict):
+            record.__dict__["object"] = (
+                f"{ref.get('kind')}/{ref.get('namespace')}/{ref.get('name')}"
+            )
+        return True
+
+
+def quiet_kopf_logs() -> None:
+    """kopf logs every handler call at INFO: keep its object logs to warnings, its own lean."""
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, _KopfRecordFilter) for f in handler.filters):
+            handler.addFilter(_KopfRecordFilter())
+
 
 async def operate(
     options: OperatorOptions,
@@ -35,6 +60,7 @@ async def operate(
     stop_flag: asyncio.Event | None = None,
 ) -> None:
     """Run until stopped (SIGTERM/SIGINT, or ``stop_flag``)."""
+    quiet_kopf_logs()
     metrics = OperatorMetrics()
     api = await async_api_client(kubeconfig)
     identity = options.identity or "hotload-operator"

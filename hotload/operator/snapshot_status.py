@@ -120,7 +120,9 @@ def plan_snapshot_status(
         now_ready = latched
     else:
         desired = desired_replicas
-        live = is_target or reached_by_target or TARGET_SET_AT in propagation
+        # Live: the target, what the target passed, what was ever targeted, and a snapshot
+        # breaking now (its ledger records the replicas' failures before it freezes).
+        live = is_target or reached_by_target or TARGET_SET_AT in propagation or verdict.broken
         if live:
             fold = fold_ledger(desired_pods, info.order, order_of, observed.ledger, now)
             ledger_changes = ledger_patch(observed.ledger, fold.entries)
