@@ -21,7 +21,7 @@ from enum import StrEnum
 
 import typer
 
-from hotload.cli import app
+app = typer.Typer()
 
 
 class LogFormat(StrEnum):
@@ -55,7 +55,10 @@ def operator(
         None, "--log-format", help="json or text (default: json unless stderr is a terminal)."
     ),
 ) -> None:
-    """Run the operator: rollouts, the per-replica ledger, chain validation, fallback to full."""
+    """Run the operator: rollouts, the per-replica ledger, chain validation, fallback to full.
+
+    Runs until SIGTERM; /healthz and /metrics on $POD_IP:PORT.
+    """
     from hotload import logs
     from hotload.errors import ConfigError
     from hotload.kube import kubeconfig_from

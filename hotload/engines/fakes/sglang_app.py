@@ -100,6 +100,7 @@ def create_app(options: SGLangOptions, contract: EngineContract | None = None) -
     )
     shapes = OpenAIShapes(contract)
     loras: dict[str, str] = {}
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if options.weights is not None:
