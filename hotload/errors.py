@@ -212,6 +212,29 @@ class KubeExpired(KubeError):
     reason = "Expired"
 
 
+# --- the trainer's publisher --------------------------------------------------------
+
+
+class PublishError(HotloadError):
+    """A snapshot could not be published (encoded, uploaded or applied)."""
+
+    reason = "PublishFailed"
+
+
+class PublishConflict(PublishError):
+    """A PolicySnapshot of that identity with another spec already exists in a region:
+    an identity names one snapshot forever."""
+
+    reason = "SnapshotConflict"
+
+
+class GcRefused(PublishError):
+    """``hotload gc`` cannot know what every region still needs (a region did not
+    answer), so it deletes nothing."""
+
+    reason = "GcRefused"
+
+
 # --- local regions ------------------------------------------------------------------
 
 
