@@ -70,6 +70,16 @@ SUBCOMMANDS: Final = (
         "hotload.cli.snapshot:snapshot_app",
         "Encode, decode, verify and inspect hotload-delta/v1 snapshots.",
     ),
+    LazyCommand(
+        "publish",
+        "hotload.cli.publish:app",
+        "Publish a model directory as the next snapshot, to every region.",
+    ),
+    LazyCommand(
+        "gc",
+        "hotload.cli.gc:app",
+        "Remove bucket prefixes that no retained PolicySnapshot in any region needs.",
+    ),
 )
 
 app = typer.Typer(

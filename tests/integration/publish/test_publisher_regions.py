@@ -21,7 +21,7 @@ import pytest
 from kubernetes import client as k8s
 
 from hotload.api import SnapshotKind
-from hotload.local.regions import LocalRegions
+from hotload.local import LocalRegions
 from hotload.publish import Publisher, PublisherSettings, RegionOutcome
 from hotload.publish.region_client import DEPLOYMENT_LABEL
 from hotload.snapshot import MANIFEST_NAME
