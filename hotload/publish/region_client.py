@@ -66,10 +66,6 @@ class SnapshotState:
     desired_replicas: int | None = None
 
 
-def _condition(conditions: list[cond.Condition], kind: str) -> cond.Condition | None:
-    return next((c for c in conditions if c.type == kind), None)
-
-
 def _truth(condition: cond.Condition | None) -> bool | None:
     if condition is None or condition.status is cond.ConditionStatus.UNKNOWN:
         return None
@@ -82,8 +78,8 @@ def snapshot_state(raw: dict[str, Any] | None) -> SnapshotState:
         return SnapshotState(exists=False)
     status = raw.get("status") or {}
     conditions = [cond.Condition.model_validate(c) for c in status.get("conditions") or []]
-    ready = _condition(conditions, cond.READY)
-    chain = _condition(conditions, cond.CHAIN_VALID)
+    ready = cond.find_condition(conditions, cond.READY)
+    chain = cond.find_condition(conditions, cond.CHAIN_VALID)
     return SnapshotState(
         exists=True,
         ready=_truth(ready),

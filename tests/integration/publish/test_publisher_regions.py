@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,38 +81,58 @@ def weights(tmp_path: Path) -> Iterator[list[Path]]:
     yield steps
 
 
-def settings(
-    local_regions: LocalRegions, namespace: str, workdir: Path, **overrides: Any
-) -> PublisherSettings:
-    return PublisherSettings(
-        deployment=DEPLOYMENT,
-        contexts=tuple(local_regions.names),
-        workdir=workdir,
-        namespace=namespace,
-        kubeconfig=local_regions.kubeconfig,
-        identity_prefix="run",
-        **overrides,
-    )
+@dataclass(frozen=True)
+class Scene:
+    """The session's regions with a RolloutDeployment each, and trained weights."""
+
+    regions: LocalRegions
+    clients: dict[str, k8s.ApiClient]
+    namespace: str
+    buckets: dict[str, Path]
+    weights: list[Path]
+    workdir: Path
 
 
-def snapshot_names(api: k8s.ApiClient, namespace: str) -> list[str]:
-    listed = k8s.CustomObjectsApi(api).list_namespaced_custom_object(
-        "hotload.dev", "v1alpha1", namespace, "policysnapshots"
-    )
-    return sorted(item["metadata"]["name"] for item in listed["items"])
-
-
-def test_full_then_delta_reach_every_region_and_its_own_bucket(
+@pytest.fixture
+def scene(
     local_regions: LocalRegions,
     kube_clients: dict[str, k8s.ApiClient],
     namespace: str,
     buckets: dict[str, Path],
     weights: list[Path],
     tmp_path: Path,
-) -> None:
-    with Publisher(settings(local_regions, namespace, tmp_path / "work")) as publisher:
-        full = publisher.publish(weights[0], 0).result(timeout=120)
-        delta = publisher.publish(weights[1], 1).result(timeout=120)
+) -> Scene:
+    return Scene(local_regions, kube_clients, namespace, buckets, weights, tmp_path / "work")
+
+
+def settings(scene: Scene, **overrides: Any) -> PublisherSettings:
+    return PublisherSettings(
+        deployment=DEPLOYMENT,
+        contexts=tuple(scene.regions.names),
+        workdir=scene.workdir,
+        namespace=scene.namespace,
+        kubeconfig=scene.regions.kubeconfig,
+        identity_prefix="run",
+        **overrides,
+    )
+
+
+def snapshots(api: k8s.ApiClient, namespace: str) -> dict[str, dict[str, Any]]:
+    """Every PolicySnapshot of the namespace, by name."""
+    listed: dict[str, Any] = k8s.CustomObjectsApi(api).list_namespaced_custom_object(
+        "hotload.dev", "v1alpha1", namespace, "policysnapshots"
+    )
+    return {item["metadata"]["name"]: item for item in listed["items"]}
+
+
+def snapshot_names(api: k8s.ApiClient, namespace: str) -> list[str]:
+    return sorted(snapshots(api, namespace))
+
+
+def test_full_then_delta_reach_every_region_and_its_own_bucket(scene: Scene) -> None:
+    with Publisher(settings(scene)) as publisher:
+        full = publisher.publish(scene.weights[0], 0).result(timeout=120)
+        delta = publisher.publish(scene.weights[1], 1).result(timeout=120)
 
     assert (full.identity, full.kind, full.why) == ("run-step-0-full", SnapshotKind.FULL, "first")
     assert (delta.identity, delta.kind, delta.previous) == (
@@ -122,32 +143,26 @@ def test_full_then_delta_reach_every_region_and_its_own_bucket(
     assert delta.stored_bytes < full.stored_bytes
     for result in (full, delta):
         assert {r.outcome for r in result.regions.values()} == {RegionOutcome.APPLIED}
-        for name, bucket in buckets.items():
+        for name, bucket in scene.buckets.items():
             assert (bucket / result.identity / MANIFEST_NAME).is_file()
             assert result.regions[name].uploaded_bytes > 0
-    for name in local_regions.names:
-        assert snapshot_names(kube_clients[name], namespace) == ["run-step-0-full", "run-step-1"]
-        raw = k8s.CustomObjectsApi(kube_clients[name]).get_namespaced_custom_object(
-            "hotload.dev", "v1alpha1", namespace, "policysnapshots", "run-step-1"
-        )
+    for name in scene.regions.names:
+        assert snapshot_names(scene.clients[name], scene.namespace) == [
+            "run-step-0-full",
+            "run-step-1",
+        ]
+        raw = snapshots(scene.clients[name], scene.namespace)["run-step-1"]
         assert raw["metadata"]["labels"][DEPLOYMENT_LABEL] == DEPLOYMENT
         assert raw["spec"]["incremental"]["previousIdentity"] == "run-step-0-full"
 
 
-def test_a_region_that_is_down_gets_its_snapshots_in_order_when_back(
-    local_regions: LocalRegions,
-    kube_clients: dict[str, k8s.ApiClient],
-    namespace: str,
-    buckets: dict[str, Path],
-    weights: list[Path],
-    tmp_path: Path,
-) -> None:
-    up, down = local_regions.names
-    with Publisher(settings(local_regions, namespace, tmp_path / "work")) as publisher:
-        publisher.publish(weights[0], 0).result(timeout=120)
-        with apiserver_down(local_regions.region(down)):
+def test_a_region_that_is_down_gets_its_snapshots_in_order_when_back(scene: Scene) -> None:
+    up, down = scene.regions.names
+    with Publisher(settings(scene)) as publisher:
+        publisher.publish(scene.weights[0], 0).result(timeout=120)
+        with apiserver_down(scene.regions.region(down)):
             began = time.monotonic()
-            during = [publisher.publish(weights[s], s).result(timeout=120) for s in (1, 2)]
+            during = [publisher.publish(scene.weights[s], s).result(timeout=120) for s in (1, 2)]
             spent = time.monotonic() - began
             assert publisher.pending() == {down: ["run-step-1", "run-step-2"]}
         # The region that answered was not held up by the one that did not.
@@ -157,31 +172,29 @@ def test_a_region_that_is_down_gets_its_snapshots_in_order_when_back(
             assert result.regions[down].outcome is RegionOutcome.PENDING
             assert "unreachable" in (result.regions[down].error or "")
         assert during[1].regions[down].pending == ["run-step-1", "run-step-2"]
-        assert snapshot_names(kube_clients[up], namespace) == [
+        assert snapshot_names(scene.clients[up], scene.namespace) == [
             "run-step-0-full",
             "run-step-1",
             "run-step-2",
         ]
         # Back: the next publish delivers the backlog first, in order, then its own.
-        after = publisher.publish(weights[3], 3).result(timeout=120)
+        after = publisher.publish(scene.weights[3], 3).result(timeout=120)
         assert after.regions[down].outcome is RegionOutcome.APPLIED
         assert after.regions[down].caught_up == ["run-step-1", "run-step-2"]
         assert publisher.pending() == {}
-    assert snapshot_names(kube_clients[down], namespace) == [
+    assert snapshot_names(scene.clients[down], scene.namespace) == [
         "run-step-0-full",
         "run-step-1",
         "run-step-2",
         "run-step-3",
     ]
     created = {
-        item["metadata"]["name"]: item["metadata"]["creationTimestamp"]
-        for item in k8s.CustomObjectsApi(kube_clients[down]).list_namespaced_custom_object(
-            "hotload.dev", "v1alpha1", namespace, "policysnapshots"
-        )["items"]
+        name: item["metadata"]["creationTimestamp"]
+        for name, item in snapshots(scene.clients[down], scene.namespace).items()
     }
     assert created["run-step-1"] <= created["run-step-2"] <= created["run-step-3"]
     for identity in ("run-step-1", "run-step-2", "run-step-3"):
-        assert (buckets[down] / identity / MANIFEST_NAME).is_file()
+        assert (scene.buckets[down] / identity / MANIFEST_NAME).is_file()
 
 
 def _play_operator(
@@ -211,36 +224,26 @@ def _play_operator(
     return thread
 
 
-def test_wait_reports_ready_and_a_broken_chain_brings_a_full_at_once(
-    local_regions: LocalRegions,
-    kube_clients: dict[str, k8s.ApiClient],
-    namespace: str,
-    buckets: dict[str, Path],
-    weights: list[Path],
-    tmp_path: Path,
-) -> None:
-    first, second = local_regions.names
+def test_wait_reports_ready_and_a_broken_chain_brings_a_full_at_once(scene: Scene) -> None:
+    first, second = scene.regions.names
     ready = {"type": "Ready", "status": "True", "reason": "Rolled"}
     broken = {"type": "ChainValid", "status": "False", "reason": "ChecksumMismatch"}
-    work = tmp_path / "work"
-    with Publisher(
-        settings(local_regions, namespace, work, wait=True, wait_timeout_s=60)
-    ) as publisher:
+    with Publisher(settings(scene, wait=True, wait_timeout_s=60)) as publisher:
         threads = [
-            _play_operator(kube_clients[name], namespace, "run-step-0-full", ready)
+            _play_operator(scene.clients[name], scene.namespace, "run-step-0-full", ready)
             for name in (first, second)
         ]
-        full = publisher.publish(weights[0], 0).result(timeout=120)
+        full = publisher.publish(scene.weights[0], 0).result(timeout=120)
         assert {r.outcome for r in full.regions.values()} == {RegionOutcome.READY}
         assert all(r.ready_seconds is not None for r in full.regions.values())
 
         threads += [
-            _play_operator(kube_clients[first], namespace, "run-step-1", ready),
-            _play_operator(kube_clients[second], namespace, "run-step-1", broken),
-            _play_operator(kube_clients[first], namespace, "run-step-1-full", ready),
-            _play_operator(kube_clients[second], namespace, "run-step-1-full", ready),
+            _play_operator(scene.clients[first], scene.namespace, "run-step-1", ready),
+            _play_operator(scene.clients[second], scene.namespace, "run-step-1", broken),
+            _play_operator(scene.clients[first], scene.namespace, "run-step-1-full", ready),
+            _play_operator(scene.clients[second], scene.namespace, "run-step-1-full", ready),
         ]
-        delta = publisher.publish(weights[1], 1).result(timeout=120)
+        delta = publisher.publish(scene.weights[1], 1).result(timeout=120)
         for thread in threads:
             thread.join(timeout=60)
 
