@@ -256,6 +256,13 @@ class RegionIndexTaken(LocalRegionError):
     reason = "RegionIndexTaken"
 
 
+class ChartInstallFailed(LocalRegionError):
+    """helm could not install (or remove) the chart in a region, or the operator it runs
+    did not become available there."""
+
+    reason = "ChartInstallFailed"
+
+
 class ContainerConfigInvalid(LocalRegionError):
     """The local pod runtime cannot build a container's world (a missing Secret or
     ConfigMap key, an unsupported field or volume): the container waits with this reason
