@@ -16,6 +16,8 @@
 - Cache without a pause: ``POST /flush_cache?timeout=S`` (waits up to S s for idle). The
   radix cache is shared by prefix, not by session: ``none`` and ``new_session`` keep it.
 - Health: ``GET /ready`` (``/health`` runs a generation a pause holds for 20 s, then 503).
+- Requests: after a disk update SGLang serves under the loaded path
+  (``served_model_name``), so generation requests name that path as their ``model``.
 - Keys: admin routes carry the admin key (else the API key), ``/model_info`` the API key.
 - Identity: ``/model_info`` ``weight_version``; the launch value (``"default"``) means
   nothing hotload loaded. Per response: ``metadata.weight_version(s)`` on ``/v1``.
@@ -74,6 +76,9 @@ class SGLangEngine(HttpEngine):
         """Paused in ``retract`` mode for the ``all`` policy: flush before continuing."""
         self._flushed = False
         """The flush of the ``all`` policy already happened during this swap's pause."""
+        self._served_model: str | None = None
+        """SGLang's ``served_model_name`` now: it becomes the loaded path on every disk
+        update (``tokenizer_manager._update_model_path_info``)."""
 
     @property
     def kind(self) -> EngineKind:
@@ -121,6 +126,7 @@ class SGLangEngine(HttpEngine):
         )
         body = json_object(response)
         if response.status_code == 200 and body.get("success") is True:
+            self._served_model = str(path)
             await self._lora.clear()
             return
         detail = str(body.get("message") or response_detail(response))
@@ -221,9 +227,21 @@ class SGLangEngine(HttpEngine):
         return response.status_code == 200
 
     def prepare_request(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        if self._lora.active is not None and path in _GENERATION_PATHS:
-            return {**body, "lora_path": self._lora.active}
-        return body
+        """Generation requests name the model SGLang serves under now and, with a LoRA
+        snapshot, the adapter in ``lora_path``.
+
+        After a disk update SGLang's ``served_model_name`` is the loaded path, and it
+        reads a ``model`` it does not serve as ``base:adapter`` when it holds a colon: a
+        client's ``qwen:7b`` would then ask for an adapter ``7b`` that was never loaded.
+        """
+        if path not in _GENERATION_PATHS:
+            return body
+        prepared = dict(body)
+        if self._served_model is not None:
+            prepared["model"] = self._served_model
+        if self._lora.active is not None:
+            prepared["lora_path"] = self._lora.active
+        return prepared
 
     def identities_of(self, payload: Mapping[str, Any]) -> list[str]:
         """``metadata.weight_version(s)`` on ``/v1`` answers, ``meta_info`` on

@@ -246,6 +246,24 @@ async def test_a_custom_launch_version_is_recognised_too() -> None:
 # --- item 8: served_model_name becomes the staging path --------------------------------
 
 
+async def test_requests_name_the_model_sglang_serves_under_after_a_disk_update() -> None:
+    """0.5.23 reads a ``model`` that is not its served name as ``base:adapter``; after a
+    disk update its served name is the staging path, so a client's ``qwen:7b`` would ask
+    for a LoRA adapter ``7b`` that was never loaded (400)."""
+    recorder = ReleasedRecorder(
+        {("POST", "/update_weights_from_disk"): update_answer(True, "Succeeded.")},
+        contract=SGLANG,
+    )
+    sglang = engine(recorder)
+    body = {"model": "qwen:7b", "prompt": "p"}
+    assert sglang.prepare_request("/v1/completions", body)["model"] == "qwen:7b"
+    await sglang.load_weights(Path("/staging/b/step-9"), "step-9", kind=SnapshotKind.FULL)
+    prepared = sglang.prepare_request("/v1/completions", body)
+    SGLANG.check_request("POST", "/v1/completions", {}, prepared)
+    assert prepared["model"] == "/staging/b/step-9"
+    assert "lora_path" not in prepared
+
+
 async def test_identity_comes_from_the_version_not_the_renamed_model() -> None:
     """After a disk update SGLang serves under ``served_model_name = <staging path>``."""
     recorder = ReleasedRecorder(
