@@ -17,6 +17,7 @@ import pytest
 
 from hotload.api.pod import SIDECAR_RBAC_RULES
 from hotload.local.chart import ChartRelease, chart_path
+from hotload.operator.workload import SIDECAR_CLUSTER_ROLE
 from tests.integration.chart.rendering import Manifest, find, helm, one, render
 
 #: What the operator may do in the namespaces it watches (docs/chart.md says why).
@@ -115,14 +116,14 @@ def test_operator_never_writes_pods_and_binds_only_the_sidecar_role(tmp_path: Pa
     assert pod_verbs == {"get", "list", "watch"}
     (bind,) = [r for r in rules if "clusterroles" in r.get("resources", [])]
     assert bind["verbs"] == ["bind"]
-    assert bind["resourceNames"] == ["hotload-sidecar"]
+    assert bind["resourceNames"] == [SIDECAR_CLUSTER_ROLE]
     for rule in rules:
         assert "*" not in rule["verbs"] and "*" not in rule.get("resources", [])
         assert "secrets" not in rule.get("resources", [])
 
 
 def test_sidecar_cluster_role_is_the_apis_sidecar_rules(tmp_path: Path) -> None:
-    role = one(render(tmp_path), "ClusterRole", "hotload-sidecar")
+    role = one(render(tmp_path), "ClusterRole", SIDECAR_CLUSTER_ROLE)
 
     assert role["rules"] == [dict(rule) for rule in SIDECAR_RBAC_RULES]
 
