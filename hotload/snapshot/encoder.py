@@ -328,7 +328,7 @@ def _encode_shards(
                     and before[1].shape == info.shape
                 ):
                     previous_words = before[0].words(before[1])
-                encoded = encode_tensor(words, previous_words, options, pool)
+                encoded = encode_tensor(words, previous_words, options, pool, dtype=info.dtype.name)
                 del previous_words
                 data = writer.append(encoded.payload) if encoded.payload else None
                 tensors.append(

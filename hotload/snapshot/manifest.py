@@ -10,7 +10,6 @@ files) checked at parse time, so the decoder never follows a dangling or hostile
 
 from __future__ import annotations
 
-import json
 import re
 from enum import StrEnum
 from pathlib import Path
@@ -31,13 +30,17 @@ from hotload.snapshot.limits import (
     MAX_TENSOR_BYTES,
     MAX_TENSORS,
 )
+from hotload.snapshot.manifest_codec import FORMAT_V1, FORMAT_V2, dump_document, load_document
 from hotload.snapshot.paths import safe_relpath
 
 MANIFEST_NAME: Final = "hotload-manifest.json"
 """Written last into every snapshot prefix: no manifest, no snapshot."""
 
-FORMAT: Final = "hotload-delta/v1"
-"""The format and its version; also the CRD's ``incremental.compressionFormat``."""
+FORMAT: Final = FORMAT_V2
+"""The format and version we write; also the CRD's ``incremental.compressionFormat``."""
+
+FORMATS: Final = (FORMAT_V1, FORMAT)
+"""Every format and version a reader accepts."""
 
 TENSOR_HASH: Final = "xxh3-128"
 """The only rebuilt-tensor hash of v1."""
@@ -65,6 +68,8 @@ class CodecId(StrEnum):
     """Zigzag of the wrapping difference with the previous bits, byte planes, zstd."""
     SPARSE = "sparse"
     """Changed positions (gaps) and zigzag differences, byte planes, zstd per chunk."""
+    CONTEXT = "context"
+    """v2: changes Golomb-coded per class of the previous value's exponent."""
 
 
 _HEX = {
@@ -179,7 +184,7 @@ class Manifest(_Model):
     """Everything a reader needs to fetch, verify and rebuild one snapshot."""
 
     format: str = FORMAT
-    """``hotload-delta/v1``; any other value is refused."""
+    """``hotload-delta/v2`` (written) or ``hotload-delta/v1`` (read); others are refused."""
     identity: Identity
     step: Annotated[int, Field(ge=0)]
     kind: SnapshotKind
@@ -206,8 +211,8 @@ class Manifest(_Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
-        if self.format != FORMAT:
-            raise ValueError(f"format {self.format!r} is not {FORMAT!r}")
+        if self.format not in FORMATS:
+            raise ValueError(f"format {self.format!r} is not one of {FORMATS}")
         if self.tensor_hash != TENSOR_HASH:
             raise ValueError(f"tensorHash {self.tensor_hash!r} is not {TENSOR_HASH!r}")
         incremental = self.kind is SnapshotKind.INCREMENTAL
@@ -247,6 +252,8 @@ class Manifest(_Model):
                 raise ValueError(f"tensor {tensor.name!r} names a shard not in shards")
             if (tensor.codec is CodecId.STORED) == incremental:
                 raise ValueError(f"tensor {tensor.name!r}: codec {tensor.codec} in a {self.kind}")
+            if tensor.codec is CodecId.CONTEXT and self.format == FORMAT_V1:
+                raise ValueError(f"tensor {tensor.name!r}: codec context needs {FORMAT}")
             if tensor.data is not None:
                 _check_range(tensor.data, delta_sizes, tensor.name)
         if seen & set(self.removed) or len(set(self.removed)) != len(self.removed):
@@ -271,9 +278,10 @@ class Manifest(_Model):
         return sum(tensor.nbytes for tensor in self.tensors)
 
     def dumps(self) -> bytes:
-        """The manifest as stored: compact camelCase JSON, unset optionals left out."""
+        """The manifest as stored: v1 compact camelCase JSON; v2 the same document with a
+        columnar tensor table, zstd-compressed (:mod:`manifest_codec`)."""
         document = self.model_dump(mode="json", by_alias=True, exclude_none=True)
-        return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        return dump_document(document)
 
 
 def _check_range(byte_range: ByteRange, sizes: dict[str, int], owner: str) -> None:
@@ -290,17 +298,7 @@ def parse_manifest(data: bytes, *, expected_identity: str | None = None) -> Mani
     ``expected_identity`` (the prefix it was read from) must match the manifest's own
     identity: a manifest copied under another name is refused.
     """
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise SizeLimitExceeded("manifest over its size limit", size=len(data))
-    try:
-        document = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-        raise ManifestInvalid("manifest is not UTF-8 JSON") from err
-    if not isinstance(document, dict):
-        raise ManifestInvalid("manifest is not a JSON object")
-    declared = document.get("format")
-    if declared != FORMAT:
-        raise ManifestInvalid("unsupported snapshot format", expected=FORMAT, found=declared)
+    document = load_document(data)
     try:
         manifest = Manifest.model_validate(document)
     except ValidationError as err:

@@ -19,7 +19,6 @@ import numpy as np
 
 from hotload.api import SnapshotKind
 from hotload.errors import ChainBroken, ChecksumMismatch, DecodeFailed
-from hotload.snapshot.codec import sparse
 from hotload.snapshot.codec.tensor_codec import ChunkJob, plan_decode
 from hotload.snapshot.codec.transforms import unzigzag
 from hotload.snapshot.delta_files import DeltaFiles
@@ -161,11 +160,11 @@ def _patch_one(
 def _apply(name: str, job: ChunkJob, words: np.ndarray, undo: list[_Undo]) -> None:
     """Apply one chunk, recording what it overwrites first."""
     out = words[job.start : job.start + job.length]
-    chunk = job.chunk
-    if isinstance(chunk, sparse.SparseChunk):
-        if not chunk.changes:
+    found = job.changes(out)
+    if found is not None:
+        positions, values = found
+        if not len(positions):
             return
-        positions, values = sparse.decode_changes(chunk, tensor=name)
         before = out[positions]
         undo.append(_Undo(name, out, positions, before, None))
         out[positions] = before + unzigzag(values)

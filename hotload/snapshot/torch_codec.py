@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from hotload.errors import ChainBroken, ChecksumMismatch, DecodeFailed
-from hotload.snapshot.codec import dense, sparse
+from hotload.snapshot.codec import context, dense, sparse
 from hotload.snapshot.codec.tensor_codec import ChunkJob, plan_decode
-from hotload.snapshot.codec.torch_words import unzigzag_add, words_of
+from hotload.snapshot.codec.torch_words import host_words, unzigzag_add, words_of
 from hotload.snapshot.delta_files import DeltaFiles
 from hotload.snapshot.digest import tensor_hash, tensor_set_digest
 from hotload.snapshot.dtypes import DTYPES
@@ -169,10 +169,15 @@ def _patch_one(
 def _apply(name: str, job: ChunkJob, words: torch.Tensor, width: int, undo: list[_Undo]) -> None:
     out = words[job.start : job.start + job.length]
     chunk = job.chunk
-    if isinstance(chunk, sparse.SparseChunk):
+    if isinstance(chunk, (sparse.SparseChunk, context.ContextChunk)):
         if not chunk.changes:
             return
-        positions_np, zig_np = sparse.decode_changes(chunk, tensor=name)
+        if isinstance(chunk, context.ContextChunk):
+            positions_np, zig_np = context.decode_changes(
+                chunk, host_words(out, width), tensor=name
+            )
+        else:
+            positions_np, zig_np = sparse.decode_changes(chunk, tensor=name)
         positions = torch.from_numpy(positions_np).to(out.device)
         before = out[positions]
         undo.append(_Undo(name, job.start, positions, before.clone()))

@@ -1,4 +1,4 @@
-"""The per-tensor codecs of hotload-delta/v1 (docs/snapshot-format.md, "Codecs").
+"""The per-tensor codecs of hotload-delta/v2 (docs/snapshot-format.md, "Codecs").
 
 Everything here works on numpy words (the bit patterns of a tensor's elements) and
 bytes; nothing knows about files. ``tensor_codec`` chooses and runs a codec per tensor;

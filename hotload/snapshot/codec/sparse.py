@@ -23,7 +23,7 @@ from hotload.errors import DecodeFailed
 from hotload.snapshot.codec import planes
 from hotload.snapshot.codec.dense import chunk_bounds
 from hotload.snapshot.codec.frames import compress_plane, decompress_exact
-from hotload.snapshot.codec.transforms import unzigzag, zigzag_diff
+from hotload.snapshot.codec.transforms import zigzag_diff
 from hotload.snapshot.codec.varint import Reader, write_varint
 from hotload.snapshot.limits import MAX_CHUNK_ELEMENTS
 
@@ -125,11 +125,3 @@ def decode_changes(chunk: SparseChunk, *, tensor: str) -> tuple[np.ndarray, np.n
     width = len(chunk.frames) - chunk.gap_planes
     word = np.dtype(f"u{width}")
     return positions, planes.join(data[chunk.gap_planes :], chunk.changes, word)
-
-
-def decode_chunk(chunk: SparseChunk, out: np.ndarray, *, tensor: str) -> None:
-    """Patch ``out`` (this chunk's words, holding the previous bits) in place."""
-    if not chunk.changes:
-        return
-    positions, values = decode_changes(chunk, tensor=tensor)
-    out[positions] = out[positions] + unzigzag(values)

@@ -19,7 +19,9 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from hotload.errors import DecodeFailed
-from hotload.snapshot.codec import dense, sparse
+from hotload.snapshot.codec import context, dense, sparse
+from hotload.snapshot.codec.context_model import MAX_CLASSES
+from hotload.snapshot.codec.transforms import unzigzag, zigzag_diff
 from hotload.snapshot.limits import DEFAULT_CHUNK_ELEMENTS, MAX_CHUNK_ELEMENTS
 from hotload.snapshot.manifest import CodecId
 
@@ -32,7 +34,13 @@ XOR_MIN_FRACTION = 0.25
 RAW_MIN_FRACTION = 0.6
 """Above it ``raw`` is tried too (a tensor rewritten rather than nudged)."""
 
-_PREFERENCE = (CodecId.SPARSE, CodecId.DENSE_SUB, CodecId.DENSE_XOR, CodecId.RAW)
+_PREFERENCE = (
+    CodecId.SPARSE,
+    CodecId.CONTEXT,
+    CodecId.DENSE_SUB,
+    CodecId.DENSE_XOR,
+    CodecId.RAW,
+)
 
 T = TypeVar("T")
 
@@ -46,10 +54,15 @@ class CodecOptions:
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
     codecs: tuple[CodecId, ...] = _PREFERENCE
     """Candidates allowed (for experiments and tests); raw is always allowed."""
+    context_classes: int = MAX_CLASSES
+    """Classes of the ``context`` codec's model; 1 codes changes without context (order 0:
+    the exponent of the previous value is not used)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.chunk_elements <= MAX_CHUNK_ELEMENTS:
             raise ValueError(f"chunk_elements must be in 1..{MAX_CHUNK_ELEMENTS}")
+        if not 1 <= self.context_classes <= MAX_CLASSES:
+            raise ValueError(f"context_classes must be in 1..{MAX_CLASSES}")
 
 
 @dataclass(frozen=True)
@@ -84,6 +97,8 @@ class WordBackend(Protocol):
 
     def sparse_planes(self, new: Any, old: Any) -> tuple[int, int, list[np.ndarray]]: ...
 
+    def context_inputs(self, new: Any, old: Any) -> context.ContextInputs: ...
+
 
 class NumpyWords:
     """The numpy backend: 1-D arrays of unsigned words."""
@@ -105,6 +120,10 @@ class NumpyWords:
     def sparse_planes(self, new: np.ndarray, old: np.ndarray) -> tuple[int, int, list[np.ndarray]]:
         return sparse.chunk_planes(new, old)
 
+    def context_inputs(self, new: np.ndarray, old: np.ndarray) -> context.ContextInputs:
+        positions = np.flatnonzero(new != old)
+        return context.ContextInputs(old, positions, zigzag_diff(new[positions], old[positions]))
+
 
 NUMPY_WORDS: WordBackend = NumpyWords()
 
@@ -124,11 +143,14 @@ def encode_tensor(
     options: CodecOptions = CodecOptions(),
     executor: Executor | None = None,
     backend: WordBackend | None = None,
+    *,
+    dtype: str | None = None,
 ) -> EncodedTensor:
     """Encode ``new`` (1-D words) against ``old`` (same words, or None: no previous).
 
     Words are numpy arrays of unsigned integers, or torch tensors (any device) viewed
-    as integers of the dtype's width; the payload is the same either way.
+    as integers of the dtype's width; the payload is the same either way. ``dtype`` (the
+    safetensors name) says where the exponent is, for the ``context`` codec's classes.
     """
     words = backend or backend_for(new)
     total = words.length(new)
@@ -161,6 +183,13 @@ def encode_tensor(
             return sparse.compress_chunk(words.sparse_planes(new[s : s + n], old[s : s + n]), level)
 
         candidates[CodecId.SPARSE] = sparse.assemble(size, _map(executor, one_sparse, bounds))
+    if CodecId.CONTEXT in allowed and fraction <= SPARSE_MAX_FRACTION:
+        inputs = words.context_inputs(new, old)
+        for classes in sorted({1, options.context_classes}):
+            payload = context.encode(inputs, size, dtype=dtype, classes=classes, executor=executor)
+            if CodecId.CONTEXT not in candidates or len(payload) < len(candidates[CodecId.CONTEXT]):
+                candidates[CodecId.CONTEXT] = payload
+        del inputs
     if CodecId.DENSE_SUB in allowed and (fraction >= DENSE_MIN_FRACTION or not candidates):
         candidates[CodecId.DENSE_SUB] = dense_payload(CodecId.DENSE_SUB)
     if CodecId.DENSE_XOR in allowed and (fraction >= XOR_MIN_FRACTION or not candidates):
@@ -176,7 +205,7 @@ class ChunkJob:
     """One independent piece of a tensor's decode: elements ``[start, start + length)``."""
 
     codec: CodecId
-    chunk: dense.DenseChunk | sparse.SparseChunk
+    chunk: dense.DenseChunk | sparse.SparseChunk | context.ContextChunk
     tensor: str
 
     @property
@@ -187,12 +216,27 @@ class ChunkJob:
     def length(self) -> int:
         return self.chunk.length
 
+    def changes(self, previous: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """(positions in the chunk, zigzag differences) for the codecs that touch only the
+        changed elements (``sparse``, ``context``), from the chunk's previous words; None
+        for the dense codecs."""
+        if isinstance(self.chunk, sparse.SparseChunk):
+            if not self.chunk.changes:
+                return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=previous.dtype)
+            return sparse.decode_changes(self.chunk, tensor=self.tensor)
+        if isinstance(self.chunk, context.ContextChunk):
+            return context.decode_changes(self.chunk, previous, tensor=self.tensor)
+        return None
+
     def run(self, out: np.ndarray) -> None:
         """Rebuild ``out`` (this chunk's words; previous bits in it unless ``raw``)."""
-        if isinstance(self.chunk, sparse.SparseChunk):
-            sparse.decode_chunk(self.chunk, out, tensor=self.tensor)
-        else:
+        if isinstance(self.chunk, dense.DenseChunk):
             dense.decode_chunk(self.codec, self.chunk, out, tensor=self.tensor)
+            return
+        found = self.changes(out)
+        if found is not None and len(found[0]):
+            positions, values = found
+            out[positions] = out[positions] + unzigzag(values)
 
 
 def plan_decode(
@@ -219,6 +263,17 @@ def plan_decode(
                 found=total,
             )
         return [ChunkJob(codec, c, tensor) for c in sparse_chunks]
+    if codec is CodecId.CONTEXT:
+        context_chunks = context.parse(payload, numel, width, tensor=tensor)
+        total = sum(c.changes for c in context_chunks)
+        if changed is not None and total != changed:
+            raise DecodeFailed(
+                "context payload changes disagree with the manifest",
+                tensor=tensor,
+                expected=changed,
+                found=total,
+            )
+        return [ChunkJob(codec, c, tensor) for c in context_chunks]
     if codec in (CodecId.RAW, CodecId.DENSE_XOR, CodecId.DENSE_SUB):
         return [
             ChunkJob(codec, c, tensor) for c in dense.parse(payload, numel, width, tensor=tensor)
@@ -228,7 +283,13 @@ def plan_decode(
 
 def needs_previous(codec: CodecId) -> bool:
     """Whether the output must start as the previous tensor's bits."""
-    return codec in (CodecId.UNCHANGED, CodecId.SPARSE, CodecId.DENSE_XOR, CodecId.DENSE_SUB)
+    return codec in (
+        CodecId.UNCHANGED,
+        CodecId.SPARSE,
+        CodecId.CONTEXT,
+        CodecId.DENSE_XOR,
+        CodecId.DENSE_SUB,
+    )
 
 
 def decode_tensor(

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from hotload.errors import DecodeFailed
+from hotload.snapshot.codec.context import ContextInputs
 from hotload.snapshot.codec.sparse import gap_planes_for
 from hotload.snapshot.manifest import CodecId
 
@@ -117,6 +118,21 @@ class TorchWords:
         gap_count = gap_planes_for(int(gaps.max().item()))
         values = zigzag(new[positions], old[positions])
         return changes, gap_count, planes(gaps, gap_count) + planes(values, new.element_size())
+
+    def context_inputs(self, new: torch.Tensor, old: torch.Tensor) -> ContextInputs:
+        width = new.element_size()
+        positions = torch.nonzero(new != old).reshape(-1)
+        values = host_words(_narrow(zigzag(new[positions], old[positions]), width), width)
+        return ContextInputs(
+            host_words(old, width), positions.cpu().numpy().astype(np.int64), values
+        )
+
+
+def host_words(words: torch.Tensor, width: int) -> np.ndarray:
+    """Words on the host as unsigned numpy words. The context codec's classes come from
+    the previous words, so for it 2 bytes per bf16 element cross to the host, not only
+    the changes."""
+    return words.cpu().numpy().view(np.dtype(f"u{width}"))
 
 
 TORCH_WORDS: Final = TorchWords()

@@ -1,4 +1,4 @@
-"""Write the golden vectors of hotload-delta/v1 (docs/snapshot-format.md, "Golden vectors").
+"""Write the golden vectors of hotload-delta/v2 (docs/snapshot-format.md, "Golden vectors").
 
     ~/.cache/hotload/venv/bin/python tests/golden/snapshot/generate.py
 
@@ -8,6 +8,7 @@ with a changed ignored config field, a new tensor, a removed one), ``full/`` (th
 snapshot of ``previous``), ``delta/`` (the Incremental from ``previous`` to ``current``,
 codecs chosen by size) and ``delta-<codec>/`` (the same with one codec forced), and
 ``expected.json``: per snapshot, the sha256 of every file of its rebuilt directory.
+The vectors of v1 (tests/golden/snapshot-v1) are frozen: readers must still rebuild them.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from hotload.snapshot import REBUILT_NAME, CodecId, CodecOptions, encode, encode
 from tests.unit.snapshot.models import base_tensors, words, write_model  # noqa: E402
 
 CHUNK = 64
-FORCED = (CodecId.SPARSE, CodecId.DENSE_SUB, CodecId.DENSE_XOR, CodecId.RAW)
+FORCED = (CodecId.SPARSE, CodecId.CONTEXT, CodecId.DENSE_SUB, CodecId.DENSE_XOR, CodecId.RAW)
 
 
 def models(root: Path) -> tuple[Path, Path]:

@@ -13,16 +13,19 @@ from pathlib import Path
 from typing import Any
 
 from hotload.snapshot import MANIFEST_NAME
+from hotload.snapshot.manifest_codec import load_document
 
 Document = dict[str, Any]
 
 
 def load(snapshot: Path) -> Document:
-    document: Document = json.loads((snapshot / MANIFEST_NAME).read_bytes())
-    return document
+    """The manifest document, tensors as a list of objects (v2's columns expanded)."""
+    return load_document((snapshot / MANIFEST_NAME).read_bytes())
 
 
 def save(snapshot: Path, document: Document) -> None:
+    """Write the document as plain JSON, tensors as objects (a form v2 readers accept),
+    so that a lie the compact form cannot even express still reaches the reader."""
     (snapshot / MANIFEST_NAME).write_text(json.dumps(document))
 
 

@@ -47,7 +47,7 @@ def test_delta_rebuilds_the_current_directory_bit_exact(chain: Chain) -> None:
 def test_delta_picks_a_codec_per_tensor(chain: Chain) -> None:
     codecs = {t.name: t.codec for t in chain.delta.tensors}
     assert codecs["mask"] is CodecId.UNCHANGED
-    assert codecs["embed.weight"] is CodecId.SPARSE
+    assert codecs["embed.weight"] in (CodecId.SPARSE, CodecId.CONTEXT)  # only the changes
     assert codecs["int.table"] in (CodecId.RAW, CodecId.DENSE_XOR, CodecId.DENSE_SUB)
     changed = {t.name: t.changed for t in chain.delta.tensors}
     assert changed["embed.weight"] == int(64 * 32 * 0.02)
@@ -153,7 +153,8 @@ def test_resharded_checkpoint_finds_previous_tensors_by_name(tmp_path: Path) -> 
     )
     result = encode(v1, v2, tmp_path / "s", identity="s", step=1, previous_identity="p")
     assert all(s.header is not None for s in result.manifest.shards)
-    assert {t.name: t.codec for t in result.manifest.tensors}["embed.weight"] is CodecId.SPARSE
+    codecs = {t.name: t.codec for t in result.manifest.tensors}
+    assert codecs["embed.weight"] in (CodecId.SPARSE, CodecId.CONTEXT)
     rebuild(v1, result.path, tmp_path / "r")
     same_files(v2, tmp_path / "r")
     assert not (tmp_path / "r" / "model.safetensors").exists()

@@ -1,7 +1,8 @@
-"""The golden vectors (tests/golden/snapshot): what defines conformance to hotload-delta/v1.
+"""The golden vectors: what defines conformance to hotload-delta/v2 (tests/golden/snapshot)
+and, for reading, to v1 (tests/golden/snapshot-v1, frozen).
 
 Another implementation passes if it rebuilds every vector to the expected files. Ours
-must also reproduce the vectors byte for byte (the encoder is deterministic with the
+must also reproduce the v2 vectors byte for byte (the encoder is deterministic with the
 pinned zstandard; regenerate with tests/golden/snapshot/generate.py after a deliberate
 format change).
 """
@@ -17,8 +18,10 @@ import pytest
 from hotload.snapshot import REBUILT_NAME, CodecId, read_manifest, rebuild, verify
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "snapshot"
+GOLDEN_V1 = Path(__file__).resolve().parents[2] / "golden" / "snapshot-v1"
 EXPECTED: dict[str, dict[str, str]] = json.loads((GOLDEN / "expected.json").read_text())
 SNAPSHOTS = sorted(EXPECTED)
+EXPECTED_V1: dict[str, dict[str, str]] = json.loads((GOLDEN_V1 / "expected.json").read_text())
 
 
 def hashes(directory: Path) -> dict[str, str]:
@@ -32,9 +35,19 @@ def hashes(directory: Path) -> dict[str, str]:
 @pytest.mark.parametrize("name", SNAPSHOTS)
 def test_golden_vector_rebuilds_to_the_expected_files(name: str, tmp_path: Path) -> None:
     verify(GOLDEN / name)
+    assert read_manifest(GOLDEN / name).format == "hotload-delta/v2"
     previous = None if name == "full" else GOLDEN / "previous"
     rebuild(previous, GOLDEN / name, tmp_path / "out")
     assert hashes(tmp_path / "out") == EXPECTED[name]
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_V1))
+def test_v1_golden_vectors_still_rebuild(name: str, tmp_path: Path) -> None:
+    verify(GOLDEN_V1 / name)
+    assert read_manifest(GOLDEN_V1 / name).format == "hotload-delta/v1"
+    previous = None if name == "full" else GOLDEN_V1 / "previous"
+    rebuild(previous, GOLDEN_V1 / name, tmp_path / "out")
+    assert hashes(tmp_path / "out") == EXPECTED_V1[name]
 
 
 def test_golden_delta_rebuilds_the_current_model() -> None:
@@ -45,6 +58,8 @@ def test_golden_delta_rebuilds_the_current_model() -> None:
 def test_golden_vectors_cover_every_codec() -> None:
     used = {tensor.codec for name in SNAPSHOTS for tensor in read_manifest(GOLDEN / name).tensors}
     assert used == set(CodecId)
+    v1 = {t.codec for name in EXPECTED_V1 for t in read_manifest(GOLDEN_V1 / name).tensors}
+    assert v1 == set(CodecId) - {CodecId.CONTEXT}
 
 
 def test_encoder_reproduces_the_golden_vectors(tmp_path: Path) -> None:

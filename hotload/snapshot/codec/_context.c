@@ -1,0 +1,650 @@
+/* Native kernels of the `context` codec (docs/snapshot-format.md, "Context payload").
+ *
+ * One chunk of a tensor: the decoder holds the previous words, computes each element's
+ * context class from its previous bits, and reads from one LSB-first bitstream, per class,
+ * Golomb-coded gaps (class elements skipped before the next change) and, at each change,
+ * its sign and magnitude. hotload/snapshot/codec/context_reference.py is the same
+ * algorithm in Python (the specification in code, and the fallback when this module is
+ * not built); tests check that both produce the same bytes and the same errors.
+ *
+ * Every read is bounds-checked: a hostile stream ends in ValueError, never in a read or
+ * write outside the buffers it was given.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_CLASSES 8
+#define MAX_KEY_BITS 12
+#define UNIT_MAGNITUDES 255
+
+typedef struct {
+    int width;
+    int shift;
+    int key_bits;
+    int lo;
+    int classes;
+    uint64_t golomb[MAX_CLASSES];
+    int value_k[MAX_CLASSES];
+    uint8_t table[1 << MAX_KEY_BITS];
+} Params;
+
+static PyObject *
+fail(const char *message)
+{
+    PyErr_SetString(PyExc_ValueError, message);
+    return NULL;
+}
+
+/* ---- bit reader (LSB first) ------------------------------------------------------- */
+
+typedef struct {
+    const uint8_t *p;
+    const uint8_t *end;
+    uint64_t buf;
+    int nbits;
+} Reader;
+
+static inline void
+refill(Reader *r)
+{
+    while (r->nbits <= 56 && r->p < r->end) {
+        r->buf |= (uint64_t)(*r->p++) << r->nbits;
+        r->nbits += 8;
+    }
+}
+
+/* n <= 32 bits; returns -1 when the stream ends first. */
+static inline int
+read_bits(Reader *r, int n, uint64_t *out)
+{
+    if (n == 0) {
+        *out = 0;
+        return 0;
+    }
+    if (r->nbits < n) {
+        refill(r);
+        if (r->nbits < n)
+            return -1;
+    }
+    *out = r->buf & ((n == 64) ? ~(uint64_t)0 : (((uint64_t)1 << n) - 1));
+    r->buf >>= n;
+    r->nbits -= n;
+    return 0;
+}
+
+/* Zeros before the next one bit (which is consumed); -1 past the end or over limit. */
+static inline int
+read_unary(Reader *r, uint64_t limit, uint64_t *out)
+{
+    uint64_t count = 0;
+    for (;;) {
+        if (r->nbits == 0 || r->buf == 0) {
+            count += (uint64_t)r->nbits;
+            r->buf = 0;
+            r->nbits = 0;
+            if (count > limit)
+                return -1;
+            refill(r);
+            if (r->nbits == 0)
+                return -1;
+            continue;
+        }
+        int zeros = __builtin_ctzll(r->buf);
+        if (zeros >= r->nbits) { /* cannot happen: bits above nbits are zero */
+            return -1;
+        }
+        count += (uint64_t)zeros;
+        if (count > limit)
+            return -1;
+        r->buf >>= zeros + 1;
+        r->nbits -= zeros + 1;
+        *out = count;
+        return 0;
+    }
+}
+
+static inline int
+read_golomb(Reader *r, uint64_t m, uint64_t limit, uint64_t *out)
+{
+    uint64_t q, low;
+    if (read_unary(r, limit / m + 1, &q) < 0)
+        return -1;
+    if (m == 1) {
+        *out = q;
+    } else {
+        int b = 64 - __builtin_clzll(m - 1); /* ceil(log2 m) */
+        uint64_t cut = ((uint64_t)1 << b) - m;
+        if (read_bits(r, b - 1, &low) < 0)
+            return -1;
+        if (low >= cut) {
+            uint64_t extra;
+            if (read_bits(r, 1, &extra) < 0)
+                return -1;
+            low = ((low << 1) | extra) - cut;
+        }
+        *out = q * m + low;
+    }
+    return *out > limit ? -1 : 0;
+}
+
+/* Exp-Golomb of order k (value >= 0), at most 64 value bits. */
+static inline int
+read_exp_golomb(Reader *r, int k, uint64_t *out)
+{
+    uint64_t zeros, high = 0, lowbits = 0;
+    if (read_unary(r, 63, &zeros) < 0)
+        return -1;
+    int n = (int)zeros + k;
+    if (n > 63)
+        return -1;
+    if (n > 32) {
+        if (read_bits(r, 32, &lowbits) < 0 || read_bits(r, n - 32, &high) < 0)
+            return -1;
+        lowbits |= high << 32;
+    } else if (read_bits(r, n, &lowbits) < 0) {
+        return -1;
+    }
+    *out = (((uint64_t)1 << n) | lowbits) - ((uint64_t)1 << k);
+    return 0;
+}
+
+/* ---- bit writer ------------------------------------------------------------------ */
+
+typedef struct {
+    uint8_t *data;
+    Py_ssize_t size;
+    Py_ssize_t capacity;
+    uint64_t buf;
+    int nbits;
+} Writer;
+
+static int
+writer_reserve(Writer *w, Py_ssize_t more)
+{
+    if (w->size + more <= w->capacity)
+        return 0;
+    Py_ssize_t capacity = w->capacity ? w->capacity : 256;
+    while (capacity < w->size + more)
+        capacity *= 2;
+    uint8_t *data = PyMem_Realloc(w->data, (size_t)capacity);
+    if (data == NULL)
+        return -1;
+    w->data = data;
+    w->capacity = capacity;
+    return 0;
+}
+
+/* n <= 32 */
+static inline int
+put_bits(Writer *w, uint64_t value, int n)
+{
+    if (n == 0)
+        return 0;
+    w->buf |= (value & (((uint64_t)1 << n) - 1)) << w->nbits;
+    w->nbits += n;
+    if (w->nbits >= 32) {
+        if (writer_reserve(w, 4) < 0)
+            return -1;
+        for (int i = 0; i < 4; i++) {
+            w->data[w->size++] = (uint8_t)(w->buf & 0xFF);
+            w->buf >>= 8;
+        }
+        w->nbits -= 32;
+    }
+    return 0;
+}
+
+static inline int
+put_unary(Writer *w, uint64_t zeros)
+{
+    while (zeros >= 32) {
+        if (put_bits(w, 0, 32) < 0)
+            return -1;
+        zeros -= 32;
+    }
+    if (put_bits(w, 0, (int)zeros) < 0)
+        return -1;
+    return put_bits(w, 1, 1);
+}
+
+static inline int
+put_golomb(Writer *w, uint64_t value, uint64_t m)
+{
+    if (put_unary(w, value / m) < 0)
+        return -1;
+    if (m == 1)
+        return 0;
+    uint64_t low = value % m;
+    int b = 64 - __builtin_clzll(m - 1);
+    uint64_t cut = ((uint64_t)1 << b) - m;
+    if (low < cut)
+        return put_bits(w, low, b - 1);
+    low += cut; /* b bits: the first b-1 (high) bits, then the last one */
+    if (put_bits(w, low >> 1, b - 1) < 0)
+        return -1;
+    return put_bits(w, low & 1, 1);
+}
+
+static inline int
+put_exp_golomb(Writer *w, uint64_t value, int k)
+{
+    uint64_t shifted = value + ((uint64_t)1 << k);
+    int n = 63 - __builtin_clzll(shifted); /* floor(log2) */
+    if (put_unary(w, (uint64_t)(n - k)) < 0)
+        return -1;
+    uint64_t low = shifted - ((uint64_t)1 << n);
+    if (n > 32) {
+        if (put_bits(w, low & 0xFFFFFFFFu, 32) < 0)
+            return -1;
+        return put_bits(w, low >> 32, n - 32);
+    }
+    return put_bits(w, low, n);
+}
+
+static int
+writer_finish(Writer *w)
+{
+    while (w->nbits > 0) {
+        if (writer_reserve(w, 1) < 0)
+            return -1;
+        w->data[w->size++] = (uint8_t)(w->buf & 0xFF);
+        w->buf >>= 8;
+        w->nbits = w->nbits > 8 ? w->nbits - 8 : 0;
+    }
+    return 0;
+}
+
+/* ---- parameters ------------------------------------------------------------------ */
+
+static int
+parse_params(Params *p, int width, int shift, int key_bits, int lo, Py_buffer *golomb,
+             Py_buffer *value_k)
+{
+    if (width != 1 && width != 2 && width != 4 && width != 8)
+        return -1;
+    if (key_bits < 0 || key_bits > MAX_KEY_BITS || shift < 0 || shift + key_bits > 8 * width)
+        return -1;
+    if (golomb->len % 8 != 0)
+        return -1;
+    int classes = (int)(golomb->len / 8);
+    if (classes < 1 || classes > MAX_CLASSES || value_k->len != classes)
+        return -1;
+    if (lo < 0 || lo > (1 << key_bits))
+        return -1;
+    p->width = width;
+    p->shift = shift;
+    p->key_bits = key_bits;
+    p->lo = lo;
+    p->classes = classes;
+    const uint8_t *g = golomb->buf;
+    const uint8_t *v = value_k->buf;
+    for (int c = 0; c < classes; c++) {
+        uint64_t m = 0;
+        for (int i = 7; i >= 0; i--)
+            m = (m << 8) | g[8 * c + i];
+        if (m < 1 || m > ((uint64_t)1 << 32))
+            return -1;
+        p->golomb[c] = m;
+        if (v[c] != UNIT_MAGNITUDES && v[c] > 62)
+            return -1;
+        p->value_k[c] = v[c];
+    }
+    for (int key = 0; key < (1 << key_bits); key++) {
+        int c = key - lo + 1;
+        p->table[key] = (uint8_t)(c < 0 ? 0 : (c > classes - 1 ? classes - 1 : c));
+    }
+    return 0;
+}
+
+static inline uint64_t
+word_at(const uint8_t *base, int width, Py_ssize_t i)
+{
+    switch (width) {
+    case 1:
+        return base[i];
+    case 2: {
+        uint16_t v;
+        memcpy(&v, base + 2 * i, 2);
+        return v;
+    }
+    case 4: {
+        uint32_t v;
+        memcpy(&v, base + 4 * i, 4);
+        return v;
+    }
+    default: {
+        uint64_t v;
+        memcpy(&v, base + 8 * i, 8);
+        return v;
+    }
+    }
+}
+
+static inline void
+store_word(uint8_t *base, int width, Py_ssize_t i, uint64_t value)
+{
+    switch (width) {
+    case 1:
+        base[i] = (uint8_t)value;
+        break;
+    case 2: {
+        uint16_t v = (uint16_t)value;
+        memcpy(base + 2 * i, &v, 2);
+        break;
+    }
+    case 4: {
+        uint32_t v = (uint32_t)value;
+        memcpy(base + 4 * i, &v, 4);
+        break;
+    }
+    default:
+        memcpy(base + 8 * i, &value, 8);
+    }
+}
+
+/* ---- decode ---------------------------------------------------------------------- */
+
+/* One element that may change: the slow path, also used inside blocks holding a change. */
+#define DECODE_ONE(I, C)                                                                  \
+    do {                                                                                  \
+        int c_ = (C);                                                                     \
+        if (left[c_]) {                                                                   \
+            left[c_]--;                                                                   \
+            break;                                                                        \
+        }                                                                                 \
+        if (found == changes) {                                                           \
+            error = "more changes in the stream than the chunk declares";                 \
+            goto done;                                                                    \
+        }                                                                                 \
+        uint64_t sign, magnitude;                                                         \
+        if (read_bits(&r, 1, &sign) < 0) {                                                \
+            error = "context stream truncated";                                           \
+            goto done;                                                                    \
+        }                                                                                 \
+        if (p.value_k[c_] == UNIT_MAGNITUDES) {                                           \
+            magnitude = 1;                                                                \
+        } else {                                                                          \
+            if (read_exp_golomb(&r, p.value_k[c_], &magnitude) < 0) {                     \
+                error = "context stream has a malformed value";                           \
+                goto done;                                                                \
+            }                                                                             \
+            magnitude += 1;                                                               \
+        }                                                                                 \
+        if (magnitude > half || (magnitude == half && !sign)) {                           \
+            error = "context value out of range for the word width";                      \
+            goto done;                                                                    \
+        }                                                                                 \
+        pos_out[found] = (uint32_t)(I);                                                   \
+        store_word(val_out, p.width, found, 2 * magnitude - sign);                        \
+        found++;                                                                          \
+        if (read_golomb(&r, p.golomb[c_], (uint64_t)n, &gap) < 0) {                       \
+            error = "context stream has a malformed gap";                                 \
+            goto done;                                                                    \
+        }                                                                                 \
+        left[c_] = gap;                                                                   \
+    } while (0)
+
+/* Blocks of BLOCK elements are counted per class in one 64-bit word (8 lanes of 8 bits,
+ * through a table from key to 1 << 8c); a block whose counts all stay within the classes'
+ * countdowns holds no change and is skipped with eight subtractions. */
+#define BLOCK 32
+#define LANES 0x8080808080808080ULL
+#define DECODE_LOOP(TYPE)                                                                 \
+    do {                                                                                  \
+        const TYPE *w = (const TYPE *)base;                                               \
+        Py_ssize_t i = 0;                                                                 \
+        uint64_t limits = 0;                                                              \
+        for (int c = 0; c < MAX_CLASSES; c++)                                             \
+            limits |= (uint64_t)(left[c] < 127 ? left[c] : 127) << (8 * c);               \
+        for (; i + BLOCK <= n; i += BLOCK) {                                              \
+            uint64_t acc0 = 0, acc1 = 0;                                                  \
+            for (int j = 0; j < BLOCK; j += 2) {                                          \
+                acc0 += ones[(w[i + j] >> p.shift) & mask];                               \
+                acc1 += ones[(w[i + j + 1] >> p.shift) & mask];                           \
+            }                                                                             \
+            uint64_t acc = acc0 + acc1;                                                   \
+            if ((((limits | LANES) - acc) & LANES) == LANES) {                            \
+                for (int c = 0; c < MAX_CLASSES; c++) {                                   \
+                    uint64_t k = (acc >> (8 * c)) & 0xFF;                                 \
+                    if (k) {                                                              \
+                        left[c] -= k;                                                     \
+                        limits = (limits & ~((uint64_t)0xFF << (8 * c))) |                \
+                                 ((uint64_t)(left[c] < 127 ? left[c] : 127) << (8 * c));  \
+                    }                                                                     \
+                }                                                                         \
+                continue;                                                                 \
+            }                                                                             \
+            for (int j = 0; j < BLOCK; j++)                                               \
+                DECODE_ONE(i + j, p.table[(w[i + j] >> p.shift) & mask]);                 \
+            limits = 0;                                                                   \
+            for (int c = 0; c < MAX_CLASSES; c++)                                         \
+                limits |= (uint64_t)(left[c] < 127 ? left[c] : 127) << (8 * c);           \
+        }                                                                                 \
+        for (; i < n; i++)                                                                \
+            DECODE_ONE(i, p.table[(w[i] >> p.shift) & mask]);                             \
+    } while (0)
+
+typedef struct {
+    const Params *p;
+    const uint8_t *prev;
+    Py_ssize_t n;
+    Reader r;
+    Py_ssize_t changes;
+    uint32_t *pos_out;
+    uint8_t *val_out;
+} Decode;
+
+static const char *
+run_decode(Decode *d)
+{
+    const Params p = *d->p;
+    const char *error = NULL;
+    uint64_t left[MAX_CLASSES], gap;
+    uint64_t mask = ((uint64_t)1 << p.key_bits) - 1;
+    uint64_t half = (uint64_t)1 << (8 * p.width - 1);
+    Py_ssize_t n = d->n, changes = d->changes, found = 0;
+    uint32_t *pos_out = d->pos_out;
+    uint8_t *val_out = d->val_out;
+    const uint8_t *base = d->prev;
+    Reader r = d->r;
+    uint64_t ones[1 << MAX_KEY_BITS];
+    for (int key = 0; key < (1 << p.key_bits); key++)
+        ones[key] = (uint64_t)1 << (8 * p.table[key]);
+    for (int c = 0; c < MAX_CLASSES; c++) {
+        left[c] = 0;
+        if (c < p.classes) {
+            if (read_golomb(&r, p.golomb[c], (uint64_t)n, &gap) < 0)
+                return "context stream has a malformed first gap";
+            left[c] = gap;
+        }
+    }
+    switch (p.width) {
+    case 1:
+        DECODE_LOOP(uint8_t);
+        break;
+    case 2:
+        DECODE_LOOP(uint16_t);
+        break;
+    case 4:
+        DECODE_LOOP(uint32_t);
+        break;
+    default:
+        DECODE_LOOP(uint64_t);
+    }
+done:
+    if (error)
+        return error;
+    for (int c = 0; c < p.classes; c++)
+        if (left[c] != 0)
+            return "context gaps do not end at the chunk's end";
+    if (found != changes)
+        return "fewer changes in the stream than the chunk declares";
+    /* only zero padding may follow, inside the last byte */
+    if (r.p != r.end || r.nbits >= 8 || r.buf != 0)
+        return "context stream longer than its codes";
+    return NULL;
+}
+
+static PyObject *
+decode_chunk(PyObject *self, PyObject *args)
+{
+    Py_buffer prev, golomb, value_k, stream, positions, values;
+    int width, shift, key_bits, lo;
+    Py_ssize_t changes;
+    if (!PyArg_ParseTuple(args, "y*iiiiy*y*y*nw*w*", &prev, &width, &shift, &key_bits, &lo,
+                          &golomb, &value_k, &stream, &changes, &positions, &values))
+        return NULL;
+    const char *error = NULL;
+    Params p;
+    if (parse_params(&p, width, shift, key_bits, lo, &golomb, &value_k) < 0) {
+        error = "context parameters out of range";
+    } else {
+        Py_ssize_t n = prev.len / width;
+        if (prev.len % width || changes < 0 || changes > n || positions.len != 4 * changes ||
+            values.len != (Py_ssize_t)width * changes || n > 0xFFFFFFFFLL) {
+            error = "context buffers disagree with the chunk";
+        } else {
+            Decode d = {&p, prev.buf, n,
+                        {stream.buf, (const uint8_t *)stream.buf + stream.len, 0, 0},
+                        changes, positions.buf, values.buf};
+            Py_BEGIN_ALLOW_THREADS
+            error = run_decode(&d);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    PyBuffer_Release(&prev);
+    PyBuffer_Release(&golomb);
+    PyBuffer_Release(&value_k);
+    PyBuffer_Release(&stream);
+    PyBuffer_Release(&positions);
+    PyBuffer_Release(&values);
+    if (error)
+        return fail(error);
+    Py_RETURN_NONE;
+}
+
+/* ---- encode ---------------------------------------------------------------------- */
+
+static PyObject *
+encode_chunk(PyObject *self, PyObject *args)
+{
+    Py_buffer prev, golomb, value_k, positions, values;
+    int width, shift, key_bits, lo;
+    if (!PyArg_ParseTuple(args, "y*iiiiy*y*y*y*", &prev, &width, &shift, &key_bits, &lo,
+                          &golomb, &value_k, &positions, &values))
+        return NULL;
+    const char *error = NULL;
+    PyObject *result = NULL;
+    Params p;
+    Writer w = {NULL, 0, 0, 0, 0};
+    uint64_t *next_gap = NULL;
+    uint8_t *change_class = NULL;
+    uint64_t since[MAX_CLASSES];
+    if (parse_params(&p, width, shift, key_bits, lo, &golomb, &value_k) < 0) {
+        error = "context parameters out of range";
+        goto done;
+    }
+    Py_ssize_t n = prev.len / width;
+    Py_ssize_t changes = positions.len / 4;
+    if (prev.len % width || positions.len % 4 || values.len != (Py_ssize_t)width * changes) {
+        error = "context buffers disagree with the chunk";
+        goto done;
+    }
+    const uint32_t *pos = positions.buf;
+    for (Py_ssize_t t = 0; t < changes; t++)
+        if (pos[t] >= n || (t && pos[t] <= pos[t - 1])) {
+            error = "positions must be increasing and inside the chunk";
+            goto done;
+        }
+    next_gap = PyMem_Malloc(sizeof(uint64_t) * (size_t)(changes + 1));
+    change_class = PyMem_Malloc((size_t)(changes + 1));
+    if (next_gap == NULL || change_class == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    uint64_t mask = ((uint64_t)1 << key_bits) - 1;
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    /* backwards: each change's following gap in its class, then the first gaps */
+    for (int c = 0; c < p.classes; c++)
+        since[c] = 0;
+    Py_ssize_t t = changes - 1;
+    for (Py_ssize_t i = n - 1; i >= 0; i--) {
+        int c = p.table[(word_at(prev.buf, width, i) >> shift) & mask];
+        if (t >= 0 && pos[t] == (uint32_t)i) {
+            next_gap[t] = since[c];
+            change_class[t] = (uint8_t)c;
+            since[c] = 0;
+            t--;
+        } else {
+            since[c]++;
+        }
+    }
+    for (int c = 0; c < p.classes && !failed; c++)
+        failed = put_golomb(&w, since[c], p.golomb[c]) < 0;
+    for (t = 0; t < changes && !failed; t++) {
+        int c = change_class[t];
+        uint64_t v = word_at(values.buf, width, t);
+        if (v == 0) {
+            failed = 2;
+            break;
+        }
+        uint64_t sign = v & 1, magnitude = (v >> 1) + sign;
+        failed = put_bits(&w, sign, 1) < 0;
+        if (!failed && p.value_k[c] != UNIT_MAGNITUDES)
+            failed = put_exp_golomb(&w, magnitude - 1, p.value_k[c]) < 0;
+        else if (!failed && magnitude != 1)
+            failed = 3;
+        if (!failed)
+            failed = put_golomb(&w, next_gap[t], p.golomb[c]) < 0;
+    }
+    if (!failed)
+        failed = writer_finish(&w) < 0;
+    Py_END_ALLOW_THREADS
+    if (failed == 2)
+        error = "a change has a zero difference";
+    else if (failed == 3)
+        error = "a class with unit magnitudes has a larger change";
+    else if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (!error)
+        result = PyBytes_FromStringAndSize((const char *)w.data, w.size);
+done:
+    PyMem_Free(w.data);
+    PyMem_Free(next_gap);
+    PyMem_Free(change_class);
+    PyBuffer_Release(&prev);
+    PyBuffer_Release(&golomb);
+    PyBuffer_Release(&value_k);
+    PyBuffer_Release(&positions);
+    PyBuffer_Release(&values);
+    if (error)
+        return fail(error);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"decode_chunk", decode_chunk, METH_VARARGS,
+     "decode_chunk(prev, width, shift, key_bits, lo, golomb, value_k, stream, changes, "
+     "positions_out, values_out): fill the chunk's changed positions (u32) and zigzag "
+     "differences; ValueError when the stream is malformed."},
+    {"encode_chunk", encode_chunk, METH_VARARGS,
+     "encode_chunk(prev, width, shift, key_bits, lo, golomb, value_k, positions, values) "
+     "-> bytes: the chunk's bitstream."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_context", "Native kernels of the context codec.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__context(void)
+{
+    return PyModule_Create(&module);
+}

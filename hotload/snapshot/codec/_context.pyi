@@ -1,0 +1,26 @@
+from typing_extensions import Buffer
+
+def decode_chunk(
+    prev: Buffer,
+    width: int,
+    shift: int,
+    key_bits: int,
+    lo: int,
+    golomb: bytes,
+    value_k: bytes,
+    stream: Buffer,
+    changes: int,
+    positions_out: Buffer,
+    values_out: Buffer,
+) -> None: ...
+def encode_chunk(
+    prev: Buffer,
+    width: int,
+    shift: int,
+    key_bits: int,
+    lo: int,
+    golomb: bytes,
+    value_k: bytes,
+    positions: Buffer,
+    values: Buffer,
+) -> bytes: ...

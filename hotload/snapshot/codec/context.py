@@ -1,0 +1,154 @@
+"""The ``context`` payload: changes coded per class of the previous value (hotload-delta/v2).
+
+Which elements an RL step moves is predictable from the weights the decoder already
+holds: a bf16 element moves when its fp32 master crosses a rounding boundary, one unit
+in the last place (ULP) away, and the ULP is set by the exponent. So the elements are
+split into classes by their previous exponent (:mod:`context_model`), and per class the
+gaps between changes are Golomb-coded (optimal for the geometric gaps of independent
+changes) and the changes' signs and magnitudes follow (a sign bit for ±1 ULP). With one
+class and no key it is a plain order-0 coder of the changes.
+
+Layout (docs/snapshot-format.md, "Context payload")::
+
+    varint chunk_elements
+    model (key_shift, key_bits, lo, classes, per class: golomb, value_k)
+    per chunk: varint changes; if changes > 0: varint stream_length
+    streams, chunk-major
+
+A chunk without changes has no stream and is not scanned. Decoding a chunk reads the
+previous words of the chunk once and touches only the changed ones, like ``sparse``.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+import numpy as np
+
+from hotload.errors import DecodeFailed
+from hotload.snapshot.codec import context_kernels
+from hotload.snapshot.codec.context_model import (
+    EXPONENT_KEYS,
+    ContextModel,
+    choose_model,
+    read_model,
+    write_model,
+)
+from hotload.snapshot.codec.dense import chunk_bounds
+from hotload.snapshot.codec.varint import Reader, write_varint
+from hotload.snapshot.limits import MAX_CHUNK_ELEMENTS
+
+
+@dataclass(frozen=True)
+class ContextChunk:
+    start: int
+    length: int
+    changes: int
+    model: ContextModel
+    stream: memoryview
+
+
+@dataclass(frozen=True)
+class ContextInputs:
+    """What the encoder needs from one tensor, whatever backend computed it (host arrays)."""
+
+    previous: np.ndarray
+    """The previous words (unsigned)."""
+    positions: np.ndarray
+    """Changed positions, increasing (int64)."""
+    values: np.ndarray
+    """Their zigzag differences (words)."""
+
+
+def key_of(dtype: str | None) -> tuple[int, int]:
+    """(key_shift, key_bits) for a dtype: its exponent field; (0, 0) when it has none."""
+    return EXPONENT_KEYS.get(dtype or "", (0, 0))
+
+
+def encode(
+    inputs: ContextInputs,
+    chunk_elements: int,
+    *,
+    dtype: str | None,
+    classes: int,
+    executor: Executor | None = None,
+) -> bytes:
+    """The payload of one tensor with a model of up to ``classes`` classes."""
+    key_shift, key_bits = key_of(dtype) if classes > 1 else (0, 0)
+    previous, positions, values = inputs.previous, inputs.positions, inputs.values
+    mask = np.uint64((1 << key_bits) - 1)
+    if key_bits:
+        keys = ((previous >> previous.dtype.type(key_shift)) & previous.dtype.type(mask)).astype(
+            np.intp
+        )
+    else:
+        keys = np.zeros(len(previous), dtype=np.intp)
+    magnitudes = (values >> values.dtype.type(1)).astype(np.uint64) + (values & 1).astype(np.uint64)
+    model = choose_model(
+        keys,
+        keys[positions],
+        magnitudes,
+        key_shift=key_shift,
+        key_bits=key_bits,
+        classes=classes,
+    )
+    bounds = chunk_bounds(len(previous), chunk_elements)
+    splits = np.searchsorted(positions, [start for start, _ in bounds] + [len(previous)])
+
+    def one(index: int) -> bytes:
+        start, length = bounds[index]
+        lo, hi = int(splits[index]), int(splits[index + 1])
+        if lo == hi:
+            return b""
+        return context_kernels.encode_chunk(
+            previous[start : start + length],
+            model,
+            (positions[lo:hi] - start).astype(np.uint32),
+            values[lo:hi],
+        )
+
+    indices = range(len(bounds))
+    streams = list(executor.map(one, indices)) if executor else [one(i) for i in indices]
+    head = bytearray()
+    write_varint(chunk_elements, head)
+    write_model(model, head)
+    for index, stream in enumerate(streams):
+        changes = int(splits[index + 1] - splits[index])
+        write_varint(changes, head)
+        if changes:
+            write_varint(len(stream), head)
+    return bytes(head) + b"".join(streams)
+
+
+def parse(payload: memoryview, numel: int, width: int, *, tensor: str) -> list[ContextChunk]:
+    """Locate every chunk's stream, checking the layout against ``numel`` elements."""
+    reader = Reader(payload)
+    chunk_elements = reader.varint(limit=MAX_CHUNK_ELEMENTS, field="chunk_elements")
+    if chunk_elements == 0:
+        raise DecodeFailed("chunk_elements is zero", tensor=tensor)
+    model = read_model(reader, width, tensor=tensor)
+    heads: list[tuple[int, int, int, int]] = []
+    for start, length in chunk_bounds(numel, chunk_elements):
+        changes = reader.varint(limit=length, field="changes")
+        stream_length = reader.varint(limit=len(payload), field="stream_length") if changes else 0
+        heads.append((start, length, changes, stream_length))
+    chunks = [
+        ContextChunk(start, length, changes, model, reader.take(size, field="stream"))
+        for start, length, changes, size in heads
+    ]
+    if reader.remaining():
+        raise DecodeFailed("payload longer than its streams", tensor=tensor)
+    return chunks
+
+
+def decode_changes(
+    chunk: ContextChunk, previous: np.ndarray, *, tensor: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """(positions in the chunk, zigzag differences) of one chunk, from its previous words."""
+    if not chunk.changes:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=previous.dtype)
+    positions, values = context_kernels.decode_chunk(
+        previous, chunk.model, chunk.stream, chunk.changes, what=f"{tensor}@{chunk.start}"
+    )
+    return positions.astype(np.int64), values

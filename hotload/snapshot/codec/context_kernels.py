@@ -1,0 +1,99 @@
+"""The context codec's chunk kernels: native when built, else the Python reference.
+
+``pip install`` (and ``python setup.py build_ext --inplace`` in a work tree) compiles
+``_context.c``; without it every context-coded tensor still encodes and decodes, to the
+same bytes, at Python speed (:mod:`~hotload.snapshot.codec.context_reference`). Errors
+of a malformed stream are :class:`~hotload.errors.DecodeFailed` either way.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+import numpy as np
+
+from hotload.errors import DecodeFailed
+from hotload.snapshot.codec import context_reference
+from hotload.snapshot.codec.context_model import ContextModel
+
+log = logging.getLogger(__name__)
+
+try:
+    from hotload.snapshot.codec import _context
+
+    _BUILT = True
+except ImportError:  # pragma: no cover - depends on how the checkout was installed
+    _BUILT = False
+    log.warning(
+        "the context codec's native kernels are not built: context-coded tensors run at "
+        "Python speed (pip install the package, or python setup.py build_ext --inplace)"
+    )
+
+NATIVE: Final = _BUILT
+"""Whether the native kernels are in use."""
+
+
+def decode_chunk(
+    previous: np.ndarray,
+    model: ContextModel,
+    stream: bytes | memoryview,
+    changes: int,
+    *,
+    what: str,
+    native: bool = NATIVE,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(positions in the chunk as uint32, zigzag differences as words) of its changes.
+
+    ``previous`` holds the chunk's previous words (C-contiguous, unsigned).
+    """
+    previous = np.ascontiguousarray(previous)
+    try:
+        if native and NATIVE:
+            positions = np.empty(changes, dtype=np.uint32)
+            values = np.empty(changes, dtype=previous.dtype)
+            _context.decode_chunk(
+                previous.data,
+                previous.dtype.itemsize,
+                model.key_shift,
+                model.key_bits,
+                model.lo,
+                model.golomb_bytes(),
+                model.value_k_bytes(),
+                stream,
+                changes,
+                positions.data,
+                values.data,
+            )
+            return positions, values
+        return context_reference.decode_chunk(previous, model, bytes(stream), changes)
+    except ValueError as err:
+        raise DecodeFailed(f"corrupt context stream: {err}", what=what) from None
+
+
+def encode_chunk(
+    previous: np.ndarray,
+    model: ContextModel,
+    positions: np.ndarray,
+    values: np.ndarray,
+    *,
+    native: bool = NATIVE,
+) -> bytes:
+    """The chunk's stream; ``positions`` (uint32, increasing) index ``previous``."""
+    previous = np.ascontiguousarray(previous)
+    positions = np.ascontiguousarray(positions, dtype=np.uint32)
+    values = np.ascontiguousarray(values, dtype=previous.dtype)
+    if native and NATIVE:
+        stream: bytes = _context.encode_chunk(
+            previous.data,
+            previous.dtype.itemsize,
+            model.key_shift,
+            model.key_bits,
+            model.lo,
+            model.golomb_bytes(),
+            model.value_k_bytes(),
+            positions.data,
+            values.data,
+        )
+        return stream
+    return context_reference.encode_chunk(previous, model, positions, values)

@@ -1,0 +1,195 @@
+"""The context codec's model: how a previous value picks a class, and each class's codes.
+
+A tensor's elements fall into up to :data:`MAX_CLASSES` classes by a *key* read from
+their previous bits (``(word >> key_shift) & (2**key_bits - 1)``: for floats, the
+exponent, which sets the unit in the last place and so how likely an RL step moves the
+element). Keys below ``lo`` share class 0, keys ``lo .. lo + classes - 3`` get a class
+each, keys above share the last class. Per class: the Golomb parameter of its gaps and
+how its change magnitudes are coded (all ±1, or Exp-Golomb of order ``value_k``).
+
+:func:`choose_model` fits one to a tensor's changes from per-key counts; the layout
+(:func:`write_model`, :func:`read_model`) is docs/snapshot-format.md's "Context payload".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+
+from hotload.errors import DecodeFailed
+from hotload.snapshot.codec.varint import Reader, write_varint
+
+MAX_CLASSES: Final = 8
+MAX_KEY_BITS: Final = 12
+MAX_GOLOMB: Final = 1 << 32
+MAX_VALUE_K: Final = 62
+UNIT_MAGNITUDES: Final = 255
+"""``value_k`` of a class whose changes are all ±1 unit: only a sign bit per change."""
+
+#: (key_shift, key_bits) per dtype: the exponent field of each float type.
+EXPONENT_KEYS: Final[dict[str, tuple[int, int]]] = {
+    "BF16": (7, 8),
+    "F16": (10, 5),
+    "F32": (23, 8),
+    "F64": (52, 11),
+    "F8_E4M3": (3, 4),
+    "F8_E5M2": (2, 5),
+}
+
+
+@dataclass(frozen=True)
+class ContextModel:
+    key_shift: int
+    key_bits: int
+    lo: int
+    golomb: tuple[int, ...]
+    value_k: tuple[int, ...]
+
+    @property
+    def classes(self) -> int:
+        return len(self.golomb)
+
+    def golomb_bytes(self) -> bytes:
+        return np.array(self.golomb, dtype="<u8").tobytes()
+
+    def value_k_bytes(self) -> bytes:
+        return bytes(self.value_k)
+
+
+def write_model(model: ContextModel, into: bytearray) -> None:
+    into.append(model.key_shift)
+    into.append(model.key_bits)
+    write_varint(model.lo, into)
+    into.append(model.classes)
+    for m, k in zip(model.golomb, model.value_k, strict=True):
+        write_varint(m, into)
+        into.append(k)
+
+
+def read_model(reader: Reader, width: int, *, tensor: str) -> ContextModel:
+    """The model at the reader's position, every field checked against its limit."""
+    key_shift = reader.byte(field="key_shift")
+    key_bits = reader.byte(field="key_bits")
+    if key_bits > MAX_KEY_BITS or key_shift + key_bits > 8 * width:
+        raise DecodeFailed(
+            "context key outside the word", tensor=tensor, shift=key_shift, bits=key_bits
+        )
+    lo = reader.varint(limit=1 << key_bits, field="lo")
+    classes = reader.byte(field="classes")
+    if not 1 <= classes <= MAX_CLASSES:
+        raise DecodeFailed("context classes must be 1..8", tensor=tensor, found=classes)
+    golomb: list[int] = []
+    value_k: list[int] = []
+    for _ in range(classes):
+        m = reader.varint(limit=MAX_GOLOMB, field="golomb")
+        if m == 0:
+            raise DecodeFailed("context Golomb parameter is zero", tensor=tensor)
+        k = reader.byte(field="value_k")
+        if k > MAX_VALUE_K and k != UNIT_MAGNITUDES:
+            raise DecodeFailed("context value order out of range", tensor=tensor, found=k)
+        golomb.append(m)
+        value_k.append(k)
+    return ContextModel(key_shift, key_bits, lo, tuple(golomb), tuple(value_k))
+
+
+def golomb_parameter(changes: int, elements: int) -> int:
+    """The optimal Golomb parameter for gaps of a geometric source (Gallager, van Voorhis)."""
+    if elements <= 0:
+        return 1
+    if changes <= 0:
+        return max(1, min(elements, MAX_GOLOMB))
+    p = min(changes / (elements + 1), 0.999999)
+    return max(1, min(math.ceil(math.log(2 - p) / -math.log1p(-p)), MAX_GOLOMB))
+
+
+def exp_golomb_lengths(values: np.ndarray, k: int) -> np.ndarray:
+    """Bits of each value's Exp-Golomb code of order ``k``."""
+    shifted = values.astype(np.float64) + float(1 << k)
+    n = np.floor(np.log2(shifted)).astype(np.int64)
+    return 2 * n - k + 1
+
+
+def value_order(magnitudes: np.ndarray) -> int:
+    """:data:`UNIT_MAGNITUDES` when every magnitude is 1, else the cheapest Exp-Golomb order."""
+    if len(magnitudes) == 0 or int(magnitudes.max()) <= 1:
+        return UNIT_MAGNITUDES
+    above = magnitudes.astype(np.uint64) - np.uint64(1)
+    top = min(MAX_VALUE_K, max(0, int(above.max()).bit_length()))
+    return min(range(top + 1), key=lambda k: int(exp_golomb_lengths(above, k).sum()))
+
+
+def _entropy_bits(changes: np.ndarray, elements: np.ndarray) -> float:
+    k = changes.astype(np.float64)
+    n = elements.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(n > 0, k / np.maximum(n, 1), 0.0)
+        h = -(p * np.log2(np.where(p > 0, p, 1)) + (1 - p) * np.log2(np.where(p < 1, 1 - p, 1)))
+    return float((n * h).sum())
+
+
+def class_counts(per_key: np.ndarray, lo: int, classes: int) -> np.ndarray:
+    """Per-class totals of per-key counts for a model with ``lo`` and ``classes``."""
+    keys = np.arange(len(per_key))
+    index = np.clip(keys - lo + 1, 0, classes - 1)
+    return np.bincount(index, weights=per_key, minlength=classes).astype(np.int64)
+
+
+def choose_model(
+    previous_keys: np.ndarray,
+    changed_keys: np.ndarray,
+    magnitudes: np.ndarray,
+    *,
+    key_shift: int,
+    key_bits: int,
+    classes: int,
+) -> ContextModel:
+    """The model with ``classes`` classes (1: no context) that minimises the changes'
+    estimated entropy, for elements whose keys are ``previous_keys`` and whose changed
+    elements have ``changed_keys`` and magnitudes ``magnitudes``."""
+    if classes <= 1 or key_bits == 0:
+        return _fitted(0, 0, 0, 1, previous_keys, changed_keys, magnitudes)
+    size = 1 << key_bits
+    per_key = np.bincount(previous_keys, minlength=size)
+    changed = np.bincount(changed_keys, minlength=size)
+    present = np.flatnonzero(changed)
+    if len(present) == 0:
+        return _fitted(0, 0, 0, 1, previous_keys, changed_keys, magnitudes)
+    classes = min(classes, MAX_CLASSES, size + 2)
+    first, last = int(present[0]), int(present[-1])
+    candidates = range(max(0, first - 1), min(size, max(first, last - classes + 4)) + 1)
+    lo = min(
+        candidates,
+        key=lambda lo: _entropy_bits(
+            class_counts(changed, lo, classes), class_counts(per_key, lo, classes)
+        ),
+    )
+    return _fitted(key_shift, key_bits, lo, classes, previous_keys, changed_keys, magnitudes)
+
+
+def _fitted(
+    key_shift: int,
+    key_bits: int,
+    lo: int,
+    classes: int,
+    previous_keys: np.ndarray,
+    changed_keys: np.ndarray,
+    magnitudes: np.ndarray,
+) -> ContextModel:
+    size = 1 << key_bits
+    keys = np.arange(size)
+    index = np.clip(keys - lo + 1, 0, classes - 1)
+    per_key = np.bincount(previous_keys, minlength=size)[:size] if key_bits else None
+    if per_key is None:
+        elements = np.array([len(previous_keys)])
+        changes = np.array([len(changed_keys)])
+        change_class = np.zeros(len(changed_keys), dtype=np.int64)
+    else:
+        elements = class_counts(per_key, lo, classes)
+        changes = class_counts(np.bincount(changed_keys, minlength=size)[:size], lo, classes)
+        change_class = index[changed_keys]
+    golomb = tuple(golomb_parameter(int(k), int(n)) for k, n in zip(changes, elements, strict=True))
+    value_k = tuple(value_order(magnitudes[change_class == c]) for c in range(classes))
+    return ContextModel(key_shift, key_bits, lo, golomb, value_k)
