@@ -212,6 +212,29 @@ class KubeExpired(KubeError):
     reason = "Expired"
 
 
+# --- the trainer's publisher --------------------------------------------------------
+
+
+class PublishError(HotloadError):
+    """A snapshot could not be published (encoded, uploaded or applied)."""
+
+    reason = "PublishFailed"
+
+
+class PublishConflict(PublishError):
+    """A PolicySnapshot of that identity with another spec already exists in a region:
+    an identity names one snapshot forever."""
+
+    reason = "SnapshotConflict"
+
+
+class GcRefused(PublishError):
+    """``hotload gc`` cannot know what every region still needs (a region did not
+    answer), so it deletes nothing."""
+
+    reason = "GcRefused"
+
+
 # --- local regions ------------------------------------------------------------------
 
 
@@ -231,6 +254,13 @@ class RegionIndexTaken(LocalRegionError):
     """Another live set of local regions holds this address index: pick another base."""
 
     reason = "RegionIndexTaken"
+
+
+class ChartInstallFailed(LocalRegionError):
+    """helm could not install (or remove) the chart in a region, or the operator it runs
+    did not become available there."""
+
+    reason = "ChartInstallFailed"
 
 
 class ContainerConfigInvalid(LocalRegionError):

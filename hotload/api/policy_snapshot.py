@@ -125,6 +125,20 @@ class ReplicaRecord(ApiStatusModel):
     message: str | None = None
 
 
+class Propagation(ApiStatusModel):
+    """When this snapshot reached the fleet (it was created at metadata.creationTimestamp).
+
+    Times carry milliseconds: propagation is a measurement. Each is written once.
+    """
+
+    target_set_at: datetime | None = None
+    """When the operator made it the deployment's target."""
+    first_replica_ready_at: datetime | None = None
+    """When the operator first saw a desired replica serve it (or a newer snapshot)."""
+    all_replicas_ready_at: datetime | None = None
+    """When every desired replica served it or a newer one (Ready turned True)."""
+
+
 class PolicySnapshotStatus(ApiStatusModel):
     """Rollout progress of this snapshot and the per-replica ledger."""
 
@@ -140,6 +154,8 @@ class PolicySnapshotStatus(ApiStatusModel):
     """The ledger, keyed by pod name (a map, so merge patches never replace it whole)."""
     conditions: list[Condition] = Field(default_factory=list)
     """Ready, ChainValid."""
+    propagation: Propagation | None = None
+    """Target set, first replica ready, all replicas ready."""
 
 
 class PolicySnapshot(ApiModel):

@@ -15,6 +15,12 @@ KIND: Final = "RolloutDeployment"
 PLURAL: Final = "rolloutdeployments"
 SINGULAR: Final = "rolloutdeployment"
 SHORT_NAMES: Final = ("rd",)
+#: Keys of the Secret ``spec.engine.keysSecretRef`` names.
+ENGINE_API_KEY_SECRET_KEY: Final = "api-key"
+ENGINE_ADMIN_API_KEY_SECRET_KEY: Final = "admin-api-key"
+#: Environment of the engine and sidecar containers carrying those keys.
+ENV_ENGINE_API_KEY: Final = "HOTLOAD_ENGINE_API_KEY"
+ENV_ENGINE_ADMIN_API_KEY: Final = "HOTLOAD_ENGINE_ADMIN_API_KEY"
 
 #: Free-form Kubernetes structures we pass through to the pod template untouched.
 KubeObject = Annotated[
@@ -47,6 +53,12 @@ class ModelSpec(ApiModel):
     """Name clients ask for; responses say `<servedName>@<identity>`."""
 
 
+class SecretRef(ApiModel):
+    """A Secret in the deployment's namespace."""
+
+    name: Annotated[str, Field(min_length=1, max_length=253)]
+
+
 class EngineSpec(ApiModel):
     """The inference engine container."""
 
@@ -60,12 +72,10 @@ class EngineSpec(ApiModel):
     """Port the engine listens on, on the pod's IP."""
     resources: KubeObject = Field(default_factory=dict)
     """Container resources (requests/limits), e.g. {limits: {nvidia.com/gpu: 1}}."""
-
-
-class SecretRef(ApiModel):
-    """A Secret in the deployment's namespace."""
-
-    name: Annotated[str, Field(min_length=1, max_length=253)]
+    verify_digest: bool = False
+    """Check the engine's own weights checksum after each swap (SGLang, vLLM; costly)."""
+    keys_secret_ref: SecretRef | None = None
+    """Secret with the engine's `api-key` and (SGLang only) `admin-api-key`."""
 
 
 class HotLoadSpec(ApiModel):

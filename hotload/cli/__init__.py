@@ -40,6 +40,21 @@ SUBCOMMANDS: Final = (
         "Run the weight-swap agent of this pod (env from the downward API).",
     ),
     LazyCommand(
+        "operator",
+        "hotload.cli.operator:app",
+        "Run the operator: rollouts, the per-replica ledger, chain validation, fallback to full.",
+    ),
+    LazyCommand(
+        "status",
+        "hotload.cli.status:app",
+        "Per region: each deployment's target, current snapshot, counts and conditions.",
+    ),
+    LazyCommand(
+        "ledger",
+        "hotload.cli.ledger:app",
+        "Per replica: what it serves, its state, since when, how, and why it failed.",
+    ),
+    LazyCommand(
         "local",
         "hotload.cli.local:local_app",
         "Local regions: etcd, kube-apiserver, controller-manager, scheduler and kwok per "
@@ -54,6 +69,16 @@ SUBCOMMANDS: Final = (
         "snapshot",
         "hotload.cli.snapshot:snapshot_app",
         "Encode, decode, verify and inspect hotload-delta/v2 snapshots.",
+    ),
+    LazyCommand(
+        "publish",
+        "hotload.cli.publish:app",
+        "Publish a model directory as the next snapshot, to every region.",
+    ),
+    LazyCommand(
+        "gc",
+        "hotload.cli.gc:app",
+        "Remove bucket prefixes that no retained PolicySnapshot in any region needs.",
     ),
 )
 

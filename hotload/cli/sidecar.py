@@ -49,6 +49,7 @@ async def _run(environ: Mapping[str, str], config: AgentConfig) -> None:
     from prometheus_client import CollectorRegistry
 
     from hotload.api import EngineSpec
+    from hotload.api.rollout_deployment import ENV_ENGINE_ADMIN_API_KEY, ENV_ENGINE_API_KEY
     from hotload.engines import Engine, engine_url, make_engine
     from hotload.kube import async_api_client, kubeconfig_from
     from hotload.sidecar import SidecarAgent
@@ -57,7 +58,14 @@ async def _run(environ: Mapping[str, str], config: AgentConfig) -> None:
     engine_client = httpx.AsyncClient(timeout=30.0)
 
     def engine_for(spec: EngineSpec) -> Engine:
-        return make_engine(spec.kind, engine_url(config.engine_host, spec.port), engine_client)
+        # The engine's keys come from spec.engine.keysSecretRef, as env (never logged).
+        return make_engine(
+            spec.kind,
+            engine_url(config.engine_host, spec.port),
+            engine_client,
+            api_key=environ.get(ENV_ENGINE_API_KEY) or None,
+            admin_api_key=environ.get(ENV_ENGINE_ADMIN_API_KEY) or None,
+        )
 
     agent = SidecarAgent(config, api, CollectorRegistry(), engine_for)
     task = asyncio.current_task()

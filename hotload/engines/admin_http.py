@@ -37,6 +37,11 @@ class AdminHttp:
         self._timeout = timeout
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
+    def with_key(self, api_key: str | None) -> AdminHttp:
+        """The same engine and client, another bearer key (SGLang wants its admin key on
+        admin routes and its API key elsewhere); never closes the shared client."""
+        return AdminHttp(self.base_url, self._client, api_key=api_key, timeout=self._timeout)
+
     async def request(
         self,
         method: str,

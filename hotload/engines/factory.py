@@ -8,7 +8,9 @@ from hotload.api import EngineKind
 from hotload.engines.noop_engine import NoopEngine
 from hotload.engines.protocol import Engine
 from hotload.engines.reference_adapter import ReferenceEngine
+from hotload.engines.sglang_adapter import DEFAULT_LOAD_TIMEOUT as SGLANG_LOAD_TIMEOUT
 from hotload.engines.sglang_adapter import SGLangEngine
+from hotload.engines.vllm_adapter import DEFAULT_LOAD_TIMEOUT as VLLM_LOAD_TIMEOUT
 from hotload.engines.vllm_adapter import VLLMEngine
 from hotload.errors import ConfigError
 
@@ -28,23 +30,36 @@ def make_engine(
     http_client: httpx.AsyncClient | None = None,
     *,
     api_key: str | None = None,
+    admin_api_key: str | None = None,
     load_timeout: float | None = None,
 ) -> Engine:
     """The adapter for ``kind`` talking to ``base_url`` (ignored for ``noop``).
 
     ``http_client`` is borrowed (the caller closes it); without one the adapter owns a
-    client of its own. ``api_key`` is sent as a bearer token (SGLang's admin key, vLLM's
-    API key).
+    client of its own. ``api_key`` is the engine's ``--api-key``, sent as a bearer token;
+    ``admin_api_key`` SGLang's ``--admin-api-key`` (its admin routes take only that one
+    when it is set).
     """
     if kind is EngineKind.NOOP:
         return NoopEngine()
     if not base_url:
         raise ConfigError("an engine other than noop needs a base URL", engine=kind.value)
-    extra: dict[str, float] = {} if load_timeout is None else {"load_timeout": load_timeout}
+    timeouts: dict[str, float] = {} if load_timeout is None else {"load_timeout": load_timeout}
     if kind is EngineKind.REFERENCE:
-        return ReferenceEngine(base_url, http_client, api_key=api_key, **extra)
+        return ReferenceEngine(base_url, http_client, api_key=api_key, **timeouts)
     if kind is EngineKind.SGLANG:
-        return SGLangEngine(base_url, http_client, api_key=api_key, **extra)
+        return SGLangEngine(
+            base_url,
+            http_client,
+            api_key=api_key,
+            admin_api_key=admin_api_key,
+            load_timeout=load_timeout if load_timeout is not None else SGLANG_LOAD_TIMEOUT,
+        )
     if kind is EngineKind.VLLM:
-        return VLLMEngine(base_url, http_client, api_key=api_key, **extra)
+        return VLLMEngine(
+            base_url,
+            http_client,
+            api_key=api_key,
+            load_timeout=load_timeout if load_timeout is not None else VLLM_LOAD_TIMEOUT,
+        )
     raise ConfigError("unknown engine kind", engine=str(kind))

@@ -2,9 +2,15 @@
 
 - reference: ``hotload_identities`` (list, in order) and ``hotload_identity`` on every
   response and chunk;
-- SGLang: ``meta_info.weight_versions`` (``[{version, start, end}]``) when the version
-  changed during the request, else ``meta_info.weight_version``;
-- vLLM: per choice ``weight_versions`` when the request set ``return_weight_versions``.
+- SGLang: on non-streamed ``/v1`` answers ``metadata.weight_versions``
+  (``[{version, start, end}]``) when the version changed during the request, else
+  ``metadata.weight_version``; ``meta_info.…`` on the native ``/generate`` route (and per
+  chat choice with ``return_meta_info``); ``/v1`` stream chunks carry none;
+- vLLM: per choice ``weight_versions`` (``[{version, start, end}]``) when the request set
+  ``return_weight_versions`` — in a stream, only in the last chunk.
+
+A span that produced no token (``end <= start``: the label changed twice between two
+tokens) names no identity, unless it is the only one.
 """
 
 from __future__ import annotations
@@ -13,11 +19,20 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 
+def _sampled_nothing(span: Mapping[str, Any]) -> bool:
+    start, end = span.get("start"), span.get("end")
+    return isinstance(start, int) and isinstance(end, int) and end <= start
+
+
 def ordered_unique(versions: Iterable[object]) -> list[str]:
-    """Drop empties and consecutive repeats; keep the order."""
+    """Drop empties, spans that sampled no token, and consecutive repeats; keep the order."""
+    items = list(versions)
+    spans = [v for v in items if isinstance(v, Mapping)]
     result: list[str] = []
-    for version in versions:
+    for version in items:
         if isinstance(version, Mapping):
+            if len(spans) > 1 and _sampled_nothing(version):
+                continue
             version = version.get("version") or version.get("weight_version")
         if version is None or version == "":
             continue
@@ -38,9 +53,10 @@ def _versions_in(node: Mapping[str, Any]) -> list[str]:
 
 
 def weight_versions(payload: Mapping[str, Any]) -> list[str]:
-    """Versions named at the top level, in ``meta_info``, or in a choice (or its meta_info)."""
+    """Versions named at the top level, in ``metadata`` (SGLang ``/v1``), in ``meta_info``
+    (SGLang ``/generate``), or in a choice (vLLM) or its ``meta_info``."""
     found: list[object] = []
-    for node in (payload, payload.get("meta_info")):
+    for node in (payload, payload.get("metadata"), payload.get("meta_info")):
         if isinstance(node, Mapping):
             found.extend(_versions_in(node))
     choices = payload.get("choices")

@@ -1,24 +1,28 @@
-"""Adapter for vLLM 0.33.0 (requests as read from its source; see engine-facts.md).
+"""Adapter for vLLM 0.33.0, as the released server behaves (docs/engines.md, table 1-8).
 
 The admin routes exist only when the server runs with ``VLLM_SERVER_DEV_MODE=1`` (LoRA
-routes need ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``); a 404 from one is reported as
-``EngineRejected`` naming the missing flag.
+routes need ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``); a 404 for a route that is not
+registered (``error.type`` "Not Found") is reported as ``EngineRejected`` naming the flag.
 
 - Full/Incremental: ``POST /collective_rpc {"method": "reload_weights", "kwargs":
   {"weights_path": DIR, "is_checkpoint_format": true}}``, then
-  ``POST /update_weight_version {"new_version": identity}``. vLLM may serve stale weights
-  when one path is reloaded twice, so a load from the path of the previous load is
-  refused here: stage every snapshot in a new directory.
+  ``POST /update_weight_version {"new_version": identity}``. There is no rollback: after
+  a failed reload the weights are unknown (``rollback_trusted`` is False). A directory
+  that held other weights at the previous load is refused (stale weights): staging gives
+  each snapshot its own directory; reloading the same snapshot from it is fine.
 - LoRA: ``POST /v1/load_lora_adapter {lora_name, lora_path, load_inplace: false}`` (plain
   text answer), unload the previous adapter, then record the version; requests name the
-  adapter as their ``model``.
+  adapter as their ``model``. A 404 of type ``NotFoundError`` means the path was not found.
 - Pause: ``POST /pause?mode=keep`` (in-flight freeze, new requests queue) or
-  ``mode=wait``; ``POST /resume``.
-- Cache: ``POST /reset_prefix_cache`` answers ``{"success": false}`` while blocks are held
-  (requests running): retried with backoff for ``flush_timeout`` s, then ``EngineBusy``.
-  The prefix cache is shared, so ``none`` and ``new_session`` keep it.
-- Generation requests get ``return_weight_versions: true``; each choice then carries
-  ``weight_versions``.
+  ``mode=wait``, always with ``clear_cache``: ``false`` keeps the prefix cache and the
+  running requests' KV (``true``, vLLM's default, preempts them all), ``true`` only for
+  the ``all`` cache policy, which it then fully applies; ``POST /resume``.
+- Cache without such a pause: ``POST /reset_prefix_cache`` answers ``{"success": false}``
+  while blocks are held: retried for ``flush_timeout`` s, then ``EngineBusy``. The prefix
+  cache is shared, so ``none`` and ``new_session`` keep it.
+- Identity: ``GET /weight_info`` (the launch value ``"default"`` means nothing hotload
+  loaded). Generation requests get ``return_weight_versions: true``; each choice then
+  carries ``weight_versions`` spans (in a stream, only the last chunk).
 """
 
 from __future__ import annotations
@@ -35,11 +39,13 @@ from hotload.engines.http_adapter import HttpEngine
 from hotload.engines.identity_fields import weight_versions
 from hotload.engines.lora_slot import LoraSlot
 from hotload.engines.protocol import PauseMode
-from hotload.errors import EngineBusy, EngineRejected
+from hotload.errors import EngineBusy, EngineRejected, EngineUnavailable
 from hotload.waiting import wait_until_async
 
 DEFAULT_LOAD_TIMEOUT = 1800.0
 DEFAULT_FLUSH_TIMEOUT = 30.0
+#: vLLM's ``EngineCore._weight_version`` at start: what it reports before any update.
+LAUNCH_VERSION = "default"
 _GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 _DEV_MODE_HINT = "start vLLM with VLLM_SERVER_DEV_MODE=1 (admin routes are dev-mode only)"
 _LORA_HINT = "start vLLM with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 and --enable-lora"
@@ -57,44 +63,60 @@ class VLLMEngine(HttpEngine):
         load_timeout: float = DEFAULT_LOAD_TIMEOUT,
         flush_timeout: float = DEFAULT_FLUSH_TIMEOUT,
         flush_retry_interval: float = 0.5,
+        launch_version: str = LAUNCH_VERSION,
     ) -> None:
         super().__init__(base_url, client, api_key=api_key)
         self._load_timeout = load_timeout
         self._flush_timeout = flush_timeout
         self._flush_retry_interval = flush_retry_interval
         self._lora = LoraSlot(self._http, engine="vLLM", unload_path="/v1/unload_lora_adapter")
-        self._last_path: Path | None = None
-        self._identity: str | None = None
+        self._launch_version = launch_version
+        self._last_load: tuple[Path, str] | None = None
+        """(directory, identity) of the last reload sent: the stale-directory guard."""
+        self._cleared = False
+        """This swap's pause already cleared the prefix cache (``clear_cache=true``)."""
 
     @property
     def kind(self) -> EngineKind:
         return EngineKind.VLLM
 
     @property
+    def rollback_trusted(self) -> bool:
+        """False: ``reload_weights`` has no rollback (see the module doc)."""
+        return False
+
+    @property
     def active_lora(self) -> str | None:
         return self._lora.active
 
     async def served_identity(self) -> str | None:
+        """``weight_version`` of ``/weight_info``; None for the launch value."""
         response = await self._http.request("GET", "/weight_info")
         self._check_route(response, "/weight_info")
         if response.status_code != 200:
-            return self._identity
-        body = json_object(response)
-        version = body.get("weight_version", body.get("version"))
-        return str(version) if version not in (None, "") else self._identity
+            raise EngineUnavailable(
+                "vLLM /weight_info failed", url=self.base_url, status=response.status_code
+            )
+        version = json_object(response).get("weight_version")
+        if version in (None, "", self._launch_version):
+            return None
+        return str(version)
 
     async def load_weights(self, path: Path, identity: str, *, kind: SnapshotKind) -> None:
         if kind is SnapshotKind.LORA:
             await self._load_lora(path, identity)
             return
-        if self._last_path is not None and path == self._last_path:
+        last = self._last_load
+        if last is not None and last[0] == path and last[1] != identity:
             raise EngineRejected(
-                "vLLM may keep stale weights when one directory is reloaded: "
-                "stage each snapshot in a new directory",
+                "vLLM may keep stale weights when a directory it loaded from is "
+                "reloaded with other weights: stage each snapshot in its own directory",
                 url=self.base_url,
                 identity=identity,
                 path=str(path),
+                previous=last[1],
             )
+        self._last_load = (path, identity)
         response = await self._http.request(
             "POST",
             "/collective_rpc",
@@ -107,13 +129,13 @@ class VLLMEngine(HttpEngine):
         self._check_route(response, "/collective_rpc")
         if response.status_code != 200:
             raise EngineRejected(
-                f"vLLM refused the weights: {response_detail(response)}",
+                f"vLLM failed to reload (what it serves now is unknown): "
+                f"{response_detail(response)}",
                 url=self.base_url,
                 identity=identity,
                 path=str(path),
                 status=response.status_code,
             )
-        self._last_path = path
         await self._set_version(identity)
         await self._lora.clear()
 
@@ -124,11 +146,19 @@ class VLLMEngine(HttpEngine):
             json={"lora_name": identity, "lora_path": str(path), "load_inplace": False},
             timeout=self._load_timeout,
         )
-        if response.status_code == 404:
+        if _route_missing(response):
             raise EngineRejected(
                 f"vLLM has no LoRA loading route: {_LORA_HINT}",
                 url=self.base_url,
                 identity=identity,
+            )
+        if response.status_code == 404:
+            raise EngineRejected(
+                f"vLLM could not find the LoRA adapter: {response_detail(response)}",
+                url=self.base_url,
+                identity=identity,
+                path=str(path),
+                status=404,
             )
         if response.status_code != 200:
             raise EngineRejected(
@@ -153,11 +183,15 @@ class VLLMEngine(HttpEngine):
                 identity=identity,
                 status=response.status_code,
             )
-        self._identity = identity
 
-    async def pause(self, mode: PauseMode) -> None:
+    async def pause(self, mode: PauseMode, *, cache_policy: KvCachePolicy | None = None) -> None:
+        """``keep`` or ``wait`` with ``clear_cache`` sent explicitly: vLLM's default (true)
+        would preempt every running request and wipe the prefix cache, which only the
+        ``all`` policy wants (and then gets, at once, with nothing left to reset)."""
         vllm_mode = "keep" if mode is PauseMode.IN_PLACE else "wait"
-        response = await self._http.request("POST", "/pause", params={"mode": vllm_mode})
+        clear = cache_policy is KvCachePolicy.ALL
+        params = {"mode": vllm_mode, "clear_cache": "true" if clear else "false"}
+        response = await self._http.request("POST", "/pause", params=params)
         self._check_route(response, "/pause")
         if response.status_code != 200:
             raise EngineBusy(
@@ -165,6 +199,7 @@ class VLLMEngine(HttpEngine):
                 url=self.base_url,
                 status=response.status_code,
             )
+        self._cleared = clear
 
     async def resume(self) -> None:
         response = await self._http.request("POST", "/resume")
@@ -179,6 +214,9 @@ class VLLMEngine(HttpEngine):
     async def reset_cache(self, policy: KvCachePolicy) -> None:
         if policy is not KvCachePolicy.ALL:
             return
+        if self._cleared:
+            self._cleared = False
+            return  # the pause cleared it, running requests included
         status: int | None = None
 
         async def reset() -> bool:
@@ -207,10 +245,20 @@ class VLLMEngine(HttpEngine):
         return prepared
 
     def identities_of(self, payload: Mapping[str, Any]) -> list[str]:
-        return weight_versions(payload)
+        """Each choice's ``weight_versions`` spans; the launch value names no snapshot."""
+        return [v for v in weight_versions(payload) if v != self._launch_version]
 
     def _check_route(self, response: httpx.Response, route: str) -> None:
-        if response.status_code == 404:
+        if _route_missing(response):
             raise EngineRejected(
                 f"vLLM has no {route} route: {_DEV_MODE_HINT}", url=self.base_url, route=route
             )
+
+
+def _route_missing(response: httpx.Response) -> bool:
+    """A 404 for a route vLLM did not register (its HTTPException handler: ``error.type``
+    "Not Found"), as opposed to one of its handlers' ``NotFoundError`` answers."""
+    if response.status_code != 404:
+        return False
+    error = json_object(response).get("error")
+    return not (isinstance(error, dict) and error.get("type") == "NotFoundError")

@@ -22,6 +22,9 @@ MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
 REPLICA_NAME: Final = "hotload-replica"
 MANAGED_BY: Final = "hotload"
 TERMINATION_GRACE_SECONDS: Final = 30
+SIDECAR_CLUSTER_ROLE: Final = "hotload-sidecar"
+"""The ClusterRole the chart ships with ``SIDECAR_RBAC_RULES``; the operator binds each
+deployment's sidecar ServiceAccount to it (holding only ``bind`` on it, never the rules)."""
 
 
 def selector_labels(name: str) -> dict[str, str]:
@@ -225,35 +228,48 @@ def service(deployment: RolloutDeployment) -> Manifest:
     }
 
 
-def sidecar_rbac(deployment: RolloutDeployment) -> list[Manifest]:
-    """ServiceAccount, Role and RoleBinding with exactly the sidecar's rules."""
+def sidecar_rbac(deployment: RolloutDeployment, cluster_role: str | None = None) -> list[Manifest]:
+    """The sidecar's ServiceAccount and its RoleBinding, and the Role when no ClusterRole is named.
+
+    The operator binds to the chart's ClusterRole (``cluster_role``), so it needs ``bind``
+    on that one role instead of holding the sidecar's rules itself; tests that apply a
+    workload by hand in a region without the chart get a Role with the same rules.
+    """
     account = sidecar_service_account(deployment.metadata["name"])
     namespace = deployment.metadata.get("namespace")
     subject: Manifest = {"kind": "ServiceAccount", "name": account}
     if namespace:
         subject["namespace"] = namespace
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(deployment, account)},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": _metadata(deployment, account),
-            "rules": [dict(rule) for rule in contract.SIDECAR_RBAC_RULES],
-        },
+    objects: list[Manifest] = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(deployment, account)}
+    ]
+    if cluster_role is None:
+        objects.append(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": _metadata(deployment, account),
+                "rules": [dict(rule) for rule in contract.SIDECAR_RBAC_RULES],
+            }
+        )
+    objects.append(
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
             "metadata": _metadata(deployment, account),
             "roleRef": {
                 "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "Role",
-                "name": account,
+                "kind": "ClusterRole" if cluster_role else "Role",
+                "name": cluster_role or account,
             },
             "subjects": [subject],
-        },
-    ]
+        }
+    )
+    return objects
 
 
-def render_workload(deployment: RolloutDeployment) -> list[Manifest]:
+def render_workload(
+    deployment: RolloutDeployment, cluster_role: str | None = None
+) -> list[Manifest]:
     """Every object a deployment needs, in apply order (RBAC first, pods last)."""
-    return [*sidecar_rbac(deployment), service(deployment), stateful_set(deployment)]
+    return [*sidecar_rbac(deployment, cluster_role), service(deployment), stateful_set(deployment)]

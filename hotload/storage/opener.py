@@ -17,16 +17,18 @@ def open_storage(
     endpoint: str | None = None,
     region: str | None = None,
     credentials: StorageCredentials | None = None,
+    profile: str | None = None,
     retry: RetryPolicy | None = None,
     addressing_style: AddressingStyle | None = None,
     max_connections: int = 16,
 ) -> Storage:
     """A storage for ``file:///abs/prefix`` or ``s3://bucket/prefix``.
 
-    ``endpoint``/``region``/``credentials`` apply to ``s3://`` only (an endpoint with a
-    ``file://`` URL is a ConfigError: it would be silently ignored otherwise). With no
-    credentials, boto3's own chain is used (instance roles, web identity); nothing here
-    reads the environment itself.
+    ``endpoint``/``region``/``credentials``/``profile`` apply to ``s3://`` only (an
+    endpoint with a ``file://`` URL is a ConfigError: it would be silently ignored
+    otherwise). ``profile`` names a boto3 profile (shared config and credentials files);
+    with neither credentials nor a profile, boto3's own chain is used (environment,
+    instance roles, web identity); nothing here reads the environment itself.
     """
     bucket = parse_bucket_url(bucket_url)
     if bucket.scheme is Scheme.FILE:
@@ -38,6 +40,7 @@ def open_storage(
         endpoint=endpoint,
         region=region,
         credentials=credentials,
+        profile=profile,
         retry=retry,
         addressing_style=addressing_style,
         max_connections=max_connections,

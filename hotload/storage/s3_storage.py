@@ -21,7 +21,7 @@ import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
-from hotload.errors import HotloadError, ObjectTooLarge
+from hotload.errors import ConfigError, HotloadError, ObjectTooLarge
 from hotload.retry import NO_RETRY, RetryPolicy
 from hotload.storage.bucket_url import BucketUrl, check_prefix
 from hotload.storage.credentials import StorageCredentials
@@ -49,12 +49,15 @@ class S3Storage(RangedReadStore):
         endpoint: str | None = None,
         region: str | None = None,
         credentials: StorageCredentials | None = None,
+        profile: str | None = None,
         retry: RetryPolicy | None = None,
         addressing_style: AddressingStyle | None = None,
         max_connections: int = 16,
         connect_timeout: float = 5.0,
         read_timeout: float = 30.0,
     ) -> None:
+        if credentials is not None and profile is not None:
+            raise ConfigError("give credentials or a profile, not both", url=str(bucket))
         self._bucket = bucket
         self._retry = retry or STORAGE_RETRY
         self._endpoint = endpoint
@@ -74,6 +77,7 @@ class S3Storage(RangedReadStore):
             aws_secret_access_key=credentials.secret_access_key if credentials else None,
             aws_session_token=credentials.session_token if credentials else None,
             region_name=region,
+            profile_name=profile,
         )
         self._client: Any = session.client("s3", endpoint_url=endpoint, config=config)
         self._pool = ThreadPoolExecutor(

@@ -55,9 +55,7 @@ def refuse(err: ContractViolation) -> Response:
 def prompt_of(path: str, body: dict[str, Any]) -> str:
     if path.endswith("/chat/completions"):
         messages = body.get("messages") or []
-        return "\n".join(
-            str(m.get("content", "")) for m in messages if isinstance(m, dict)
-        )
+        return "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
     prompt = body.get("prompt", "")
     return prompt if isinstance(prompt, str) else json.dumps(prompt)
 

@@ -100,6 +100,7 @@ def create_app(options: SGLangOptions, contract: EngineContract | None = None) -
     )
     shapes = OpenAIShapes(contract)
     loras: dict[str, str] = {}
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if options.weights is not None:
@@ -341,6 +342,21 @@ def create_app(options: SGLangOptions, contract: EngineContract | None = None) -
             meta["weight_versions"] = [dict(span) for span in generation.spans]
         return meta
 
+    def lora_refusal(model: str, lora_path: Any) -> str | None:
+        """``serving_base._parse_model_parameter`` + ``_resolve_lora_path``: a ``model``
+        that is not the served name and holds a colon names an adapter (``base:adapter``)."""
+        adapter = lora_path if isinstance(lora_path, str) else None
+        if ":" in model and model != state.served_name:
+            prefix = f"{state.served_name}:"
+            adapter = model[len(prefix) :] if model.startswith(prefix) else model.split(":")[1]
+        if not adapter:
+            return None
+        if not options.enable_lora:
+            return f"LoRA adapter '{adapter}' was requested, but LoRA is not enabled."
+        if adapter not in loras:
+            return f"Got LoRA adapter that has never been loaded: {adapter}"
+        return None
+
     async def generate(request: Request, chat: bool) -> Response:
         try:
             body = await body_of(request)
@@ -349,6 +365,10 @@ def create_app(options: SGLangOptions, contract: EngineContract | None = None) -
         prompt = prompt_of(request.url.path, body)
         max_tokens = max_tokens_of(body)
         model = body.get("model") or state.served_name
+        refusal = lora_refusal(model, body.get("lora_path"))
+        if refusal is not None:
+            error = {"object": "error", "message": refusal, "type": "BadRequestError"}
+            return JSONResponse({**error, "param": None, "code": 400}, status_code=400)
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-fake"
         if body.get("stream"):
 

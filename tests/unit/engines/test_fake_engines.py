@@ -119,6 +119,15 @@ async def test_sglang_renames_its_served_model_to_the_loaded_path(
     assert info["served_model_name"] == info["model_path"] == str(snapshots["a"])
 
 
+async def test_sglang_reads_an_unserved_model_with_a_colon_as_an_adapter(
+    sglang: httpx.AsyncClient, snapshots: dict[str, Path]
+) -> None:
+    body = {"model": "base:v2", "prompt": "p", "max_tokens": 1}
+    assert (await sglang.post("/v1/completions", json=body)).status_code == 400
+    body = {"model": "base", "prompt": "p", "max_tokens": 1}
+    assert (await sglang.post("/v1/completions", json=body)).status_code == 200
+
+
 async def test_sglang_flush_refused_while_an_in_place_pause_holds_a_batch_allowed_in_retract(
     sglang: httpx.AsyncClient,
 ) -> None:

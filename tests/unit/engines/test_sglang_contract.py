@@ -1,8 +1,13 @@
-"""SGLang 0.5.23: the exact requests the adapter sends, and its traps (engine-facts.md)."""
+"""SGLang 0.5.23: the exact requests the adapter sends, and its traps.
+
+Every request goes through :class:`ReleasedRecorder` (the released route table and
+models) and every answer is one the released handler gives.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -10,19 +15,45 @@ import pytest
 from hotload.api import KvCachePolicy, SnapshotKind
 from hotload.engines import PauseMode, SGLangEngine
 from hotload.errors import EngineBusy, EngineRejected, EngineUnavailable
-from tests.unit.engines.recorder import Recorder, ok
+from tests.unit.engines.released import SGLANG, ReleasedRecorder, answer, text_answer
 
 BASE = "http://10.0.0.1:30000"  # never contacted: the transport is a mock
 
 
-def engine(recorder: Recorder, **kwargs: object) -> SGLangEngine:
+def engine(recorder: ReleasedRecorder, **kwargs: object) -> SGLangEngine:
     return SGLangEngine(BASE, recorder.client(), **kwargs)  # type: ignore[arg-type]
 
 
+def released(routes: dict[tuple[str, str], Any] | None = None) -> ReleasedRecorder:
+    return ReleasedRecorder(routes or {}, contract=SGLANG)
+
+
+def update_answer(success: bool, message: str) -> httpx.Response:
+    payload = {"success": success, "message": message, "num_paused_requests": 0}
+    return answer(SGLANG, "POST", "/update_weights_from_disk", payload, 200 if success else 400)
+
+
+def lora_answer(success: bool, error: str | None = None) -> httpx.Response:
+    payload = SGLANG.example("LoRAUpdateOutput", success=success, error_message=error)
+    return answer(SGLANG, "POST", "/load_lora_adapter", payload, 200 if success else 400)
+
+
+def version_answer(identity: str) -> httpx.Response:
+    payload = {"success": True, "message": "updated", "new_version": identity}
+    return answer(SGLANG, "POST", "/update_weight_version", payload)
+
+
+def control_answer() -> httpx.Response:
+    return answer(SGLANG, "POST", "/pause_generation", {"message": "ok", "status": "ok"})
+
+
+def model_info(version: str) -> httpx.Response:
+    payload = {"model_path": "/m", "served_model_name": "m", "weight_version": version}
+    return answer(SGLANG, "GET", "/model_info", payload)
+
+
 async def test_full_load_sends_update_weights_from_disk_without_flushing() -> None:
-    recorder = Recorder(
-        {("POST", "/update_weights_from_disk"): ok({"success": True, "message": "ok"})}
-    )
+    recorder = released({("POST", "/update_weights_from_disk"): update_answer(True, "ok")})
     await engine(recorder).load_weights(Path("/staging/step-7"), "step-7", kind=SnapshotKind.FULL)
     assert recorder.calls() == [
         (
@@ -39,40 +70,28 @@ async def test_full_load_sends_update_weights_from_disk_without_flushing() -> No
     ]
 
 
-async def test_success_false_with_the_new_version_served_is_a_load_that_took() -> None:
-    """The trap: the flush after a load was refused, the weights did change."""
-    recorder = Recorder(
+async def test_success_false_is_rejected_even_when_the_weights_changed() -> None:
+    """0.5.23 updates the version /model_info reports only on success, and a failed update
+    may have changed the weights (flush refused after the load, or a rollback that re-read
+    the new path): a refusal never counts as loaded; the weights are unknown."""
+    recorder = released(
         {
-            ("POST", "/update_weights_from_disk"): httpx.Response(
-                400,
-                json={
-                    "success": False,
-                    "message": "Failed to flush cache",
-                    "num_paused_requests": 2,
-                },
+            ("POST", "/update_weights_from_disk"): update_answer(
+                False, "Failed to flush cache after weight update."
             ),
-            ("GET", "/model_info"): ok(
-                {"model_path": "/staging/step-8", "weight_version": "step-8"}
-            ),
+            ("GET", "/model_info"): model_info("step-8"),
         }
     )
-    await engine(recorder).load_weights(
-        Path("/staging/step-8"), "step-8", kind=SnapshotKind.INCREMENTAL
-    )
-    assert [(method, path) for method, path, _, _ in recorder.calls()] == [
-        ("POST", "/update_weights_from_disk"),
-        ("GET", "/model_info"),
-    ]
+    sglang = engine(recorder)
+    with pytest.raises(EngineRejected, match="Failed to flush cache"):
+        await sglang.load_weights(Path("/staging/step-8"), "step-8", kind=SnapshotKind.FULL)
+    assert sglang.rollback_trusted is False
+    assert [path for _, path, _, _ in recorder.calls()] == ["/update_weights_from_disk"]
 
 
-async def test_success_false_with_the_old_version_served_is_rejected() -> None:
-    recorder = Recorder(
-        {
-            ("POST", "/update_weights_from_disk"): ok(
-                {"success": False, "message": "shape mismatch in q_proj"}
-            ),
-            ("GET", "/model_info"): ok({"weight_version": "step-7"}),
-        }
+async def test_success_false_is_rejected_with_sglangs_message() -> None:
+    recorder = released(
+        {("POST", "/update_weights_from_disk"): update_answer(False, "shape mismatch in q_proj")}
     )
     with pytest.raises(EngineRejected) as raised:
         await engine(recorder).load_weights(
@@ -83,11 +102,11 @@ async def test_success_false_with_the_old_version_served_is_rejected() -> None:
 
 
 async def test_lora_loads_the_adapter_unloads_the_previous_and_names_the_version() -> None:
-    recorder = Recorder(
+    recorder = released(
         {
-            ("POST", "/load_lora_adapter"): ok({"success": True}),
-            ("POST", "/unload_lora_adapter"): ok({"success": True}),
-            ("POST", "/update_weight_version"): ok({"success": True}),
+            ("POST", "/load_lora_adapter"): lora_answer(True),
+            ("POST", "/unload_lora_adapter"): lora_answer(True),
+            ("POST", "/update_weight_version"): lambda request: version_answer("x"),
         }
     )
     sglang = engine(recorder)
@@ -128,12 +147,12 @@ async def test_lora_loads_the_adapter_unloads_the_previous_and_names_the_version
 
 
 async def test_full_load_after_a_lora_drops_the_adapter() -> None:
-    recorder = Recorder(
+    recorder = released(
         {
-            ("POST", "/load_lora_adapter"): ok({"success": True}),
-            ("POST", "/update_weight_version"): ok({"success": True}),
-            ("POST", "/update_weights_from_disk"): ok({"success": True}),
-            ("POST", "/unload_lora_adapter"): ok({"success": True}),
+            ("POST", "/load_lora_adapter"): lora_answer(True),
+            ("POST", "/update_weight_version"): version_answer("lora-1"),
+            ("POST", "/update_weights_from_disk"): update_answer(True, "ok"),
+            ("POST", "/unload_lora_adapter"): lora_answer(True),
         }
     )
     sglang = engine(recorder)
@@ -145,20 +164,17 @@ async def test_full_load_after_a_lora_drops_the_adapter() -> None:
 
 
 async def test_refused_lora_is_rejected() -> None:
-    recorder = Recorder(
-        {
-            ("POST", "/load_lora_adapter"): httpx.Response(
-                400, json={"success": False, "error_message": "no lora"}
-            )
-        }
-    )
+    recorder = released({("POST", "/load_lora_adapter"): lora_answer(False, "no lora")})
     with pytest.raises(EngineRejected, match="no lora"):
         await engine(recorder).load_weights(Path("/s/l"), "l", kind=SnapshotKind.LORA)
 
 
 async def test_pause_in_place_and_continue() -> None:
-    recorder = Recorder(
-        {("POST", "/pause_generation"): ok(), ("POST", "/continue_generation"): ok()}
+    recorder = released(
+        {
+            ("POST", "/pause_generation"): control_answer(),
+            ("POST", "/continue_generation"): control_answer(),
+        }
     )
     sglang = engine(recorder)
     await sglang.pause(PauseMode.IN_PLACE)
@@ -171,7 +187,7 @@ async def test_pause_in_place_and_continue() -> None:
 
 
 async def test_cache_policy_all_flushes_with_a_timeout_and_the_others_keep() -> None:
-    recorder = Recorder({("POST", "/flush_cache"): httpx.Response(200, text="Cache flushed.")})
+    recorder = released({("POST", "/flush_cache"): text_answer("Cache flushed.\n")})
     sglang = engine(recorder, flush_timeout=12.5)
     await sglang.reset_cache(KvCachePolicy.NONE)
     await sglang.reset_cache(KvCachePolicy.NEW_SESSION)
@@ -180,21 +196,17 @@ async def test_cache_policy_all_flushes_with_a_timeout_and_the_others_keep() -> 
 
 
 async def test_refused_flush_is_engine_busy() -> None:
-    recorder = Recorder(
-        {("POST", "/flush_cache"): httpx.Response(400, text="Cache not flushed: requests running")}
-    )
+    recorder = released({("POST", "/flush_cache"): text_answer("Flush cache failed.\n", 400)})
     with pytest.raises(EngineBusy):
         await engine(recorder).reset_cache(KvCachePolicy.ALL)
 
 
 async def test_served_identity_reads_model_info() -> None:
-    recorder = Recorder(
-        {("GET", "/model_info"): ok({"model_path": "/m", "weight_version": "step-3"})}
-    )
+    recorder = released({("GET", "/model_info"): model_info("step-3")})
     assert await engine(recorder).served_identity() == "step-3"
 
 
-def test_identities_come_from_meta_info() -> None:
+def test_identities_of_native_generate_answers_come_from_meta_info() -> None:
     sglang = SGLangEngine(BASE)
     changed = {
         "meta_info": {
@@ -211,8 +223,9 @@ def test_identities_come_from_meta_info() -> None:
 
 
 async def test_admin_key_is_sent_as_a_bearer_token() -> None:
-    recorder = Recorder({("POST", "/continue_generation"): ok()})
-    await engine(recorder, api_key="admin-key-1").resume()
+    recorder = released({("POST", "/continue_generation"): control_answer()})
+    recorder.admin_api_key = "admin-key-1"
+    await engine(recorder, admin_api_key="admin-key-1").resume()
     assert recorder.sent[0].headers["authorization"] == "Bearer admin-key-1"
 
 

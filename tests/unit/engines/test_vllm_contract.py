@@ -1,8 +1,14 @@
-"""vLLM 0.33.0: the exact requests the adapter sends, and its traps (engine-facts.md)."""
+"""vLLM 0.33.0: the exact requests the adapter sends, and its traps.
+
+Every request goes through :class:`ReleasedRecorder` (the released route table and
+models) and every answer is one the released handler gives.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -10,24 +16,38 @@ import pytest
 from hotload.api import KvCachePolicy, SnapshotKind
 from hotload.engines import PauseMode, VLLMEngine
 from hotload.errors import EngineBusy, EngineRejected
-from tests.unit.engines.recorder import Recorder, ok
+from tests.unit.engines.released import VLLM, ReleasedRecorder, answer, text_answer, vllm_error
 
 BASE = "http://10.0.0.2:8000"  # never contacted: the transport is a mock
 
 
-def engine(recorder: Recorder, **kwargs: object) -> VLLMEngine:
+def engine(recorder: ReleasedRecorder, **kwargs: object) -> VLLMEngine:
     return VLLMEngine(BASE, recorder.client(), **kwargs)  # type: ignore[arg-type]
 
 
-def loaded_routes() -> dict[tuple[str, str], object]:
+def released(routes: dict[tuple[str, str], Any] | None = None) -> ReleasedRecorder:
+    return ReleasedRecorder(routes or {}, contract=VLLM)
+
+
+def version_set(identity: str) -> httpx.Response:
+    payload = {"success": True, "new_version": identity}
+    return answer(VLLM, "POST", "/update_weight_version", payload)
+
+
+def loaded_routes() -> dict[tuple[str, str], Any]:
     return {
-        ("POST", "/collective_rpc"): ok({"results": [None]}),
-        ("POST", "/update_weight_version"): ok({"status": "ok"}),
+        ("POST", "/collective_rpc"): answer(VLLM, "POST", "/collective_rpc", {"results": [None]}),
+        ("POST", "/update_weight_version"): lambda request: version_set(
+            json.loads(request.content)["new_version"]
+        ),
     }
 
 
+NOT_REGISTERED = vllm_error("Not Found", "Not Found", 404)
+
+
 async def test_full_load_reloads_weights_by_collective_rpc_then_sets_the_version() -> None:
-    recorder = Recorder(loaded_routes())  # type: ignore[arg-type]
+    recorder = released(loaded_routes())
     await engine(recorder).load_weights(Path("/staging/step-2"), "step-2", kind=SnapshotKind.FULL)
     assert recorder.calls() == [
         (
@@ -43,19 +63,30 @@ async def test_full_load_reloads_weights_by_collective_rpc_then_sets_the_version
     ]
 
 
-async def test_reloading_the_same_directory_is_refused_before_any_request() -> None:
-    recorder = Recorder(loaded_routes())  # type: ignore[arg-type]
+async def test_a_directory_reloaded_with_other_weights_is_refused_before_any_request() -> None:
+    recorder = released(loaded_routes())
     vllm = engine(recorder)
     await vllm.load_weights(Path("/staging/a"), "step-1", kind=SnapshotKind.FULL)
     sent = len(recorder.sent)
-    with pytest.raises(EngineRejected, match="new directory"):
+    with pytest.raises(EngineRejected, match="its own directory"):
         await vllm.load_weights(Path("/staging/a"), "step-2", kind=SnapshotKind.INCREMENTAL)
     assert len(recorder.sent) == sent
     await vllm.load_weights(Path("/staging/b"), "step-2", kind=SnapshotKind.INCREMENTAL)
 
 
+async def test_the_served_snapshot_may_be_reloaded_from_its_directory() -> None:
+    """After a failed load (no rollback) the sidecar reloads what it served from staging."""
+    recorder = released(loaded_routes())
+    vllm = engine(recorder)
+    await vllm.load_weights(Path("/staging/a"), "step-1", kind=SnapshotKind.FULL)
+    await vllm.load_weights(Path("/staging/a"), "step-1", kind=SnapshotKind.FULL)
+    assert [path for _, path, _, _ in recorder.calls()].count("/collective_rpc") == 2
+
+
 async def test_missing_dev_mode_routes_are_reported_with_the_flag_to_set() -> None:
-    recorder = Recorder({})
+    recorder = released(
+        {("POST", "/collective_rpc"): NOT_REGISTERED, ("POST", "/pause"): NOT_REGISTERED}
+    )
     with pytest.raises(EngineRejected, match="VLLM_SERVER_DEV_MODE=1"):
         await engine(recorder).load_weights(Path("/s/x"), "x", kind=SnapshotKind.FULL)
     with pytest.raises(EngineRejected, match="VLLM_SERVER_DEV_MODE=1"):
@@ -63,8 +94,8 @@ async def test_missing_dev_mode_routes_are_reported_with_the_flag_to_set() -> No
 
 
 async def test_failed_reload_is_rejected_and_the_version_is_left_alone() -> None:
-    recorder = Recorder(
-        {("POST", "/collective_rpc"): httpx.Response(500, json={"detail": "size mismatch"})}
+    recorder = released(
+        {("POST", "/collective_rpc"): vllm_error("size mismatch", "InternalServerError", 500)}
     )
     with pytest.raises(EngineRejected, match="size mismatch"):
         await engine(recorder).load_weights(Path("/s/x"), "x", kind=SnapshotKind.FULL)
@@ -72,10 +103,10 @@ async def test_failed_reload_is_rejected_and_the_version_is_left_alone() -> None
 
 
 async def test_pause_modes_are_query_parameters() -> None:
-    recorder = Recorder(
+    recorder = released(
         {
-            ("POST", "/pause"): ok({"status": "paused"}),
-            ("POST", "/resume"): ok({"status": "resumed"}),
+            ("POST", "/pause"): answer(VLLM, "POST", "/pause", {"status": "paused"}),
+            ("POST", "/resume"): answer(VLLM, "POST", "/resume", {"status": "resumed"}),
         }
     )
     vllm = engine(recorder)
@@ -83,28 +114,26 @@ async def test_pause_modes_are_query_parameters() -> None:
     await vllm.pause(PauseMode.WAIT)
     await vllm.resume()
     assert recorder.calls() == [
-        ("POST", "/pause", {"mode": ["keep"]}, None),
-        ("POST", "/pause", {"mode": ["wait"]}, None),
+        ("POST", "/pause", {"mode": ["keep"], "clear_cache": ["false"]}, None),
+        ("POST", "/pause", {"mode": ["wait"], "clear_cache": ["false"]}, None),
         ("POST", "/resume", {}, None),
     ]
 
 
 async def test_prefix_cache_reset_is_retried_while_blocks_are_held() -> None:
-    recorder = Recorder(
-        {
-            ("POST", "/reset_prefix_cache"): [
-                ok({"success": False}),
-                ok({"success": False}),
-                ok({"success": True}),
-            ]
-        }
+    def reset(success: bool) -> httpx.Response:
+        return answer(VLLM, "POST", "/reset_prefix_cache", {"success": success})
+
+    recorder = released(
+        {("POST", "/reset_prefix_cache"): [reset(False), reset(False), reset(True)]}
     )
     await engine(recorder, flush_retry_interval=0.01).reset_cache(KvCachePolicy.ALL)
     assert recorder.calls() == [("POST", "/reset_prefix_cache", {}, None)] * 3
 
 
 async def test_prefix_cache_reset_refused_until_the_deadline_is_engine_busy() -> None:
-    recorder = Recorder({("POST", "/reset_prefix_cache"): ok({"success": False})})
+    refused = answer(VLLM, "POST", "/reset_prefix_cache", {"success": False})
+    recorder = released({("POST", "/reset_prefix_cache"): refused})
     with pytest.raises(EngineBusy):
         await engine(recorder, flush_timeout=0.1, flush_retry_interval=0.02).reset_cache(
             KvCachePolicy.ALL
@@ -113,7 +142,7 @@ async def test_prefix_cache_reset_refused_until_the_deadline_is_engine_busy() ->
 
 
 async def test_keep_policies_send_nothing() -> None:
-    recorder = Recorder({})
+    recorder = released()
     vllm = engine(recorder)
     await vllm.reset_cache(KvCachePolicy.NONE)
     await vllm.reset_cache(KvCachePolicy.NEW_SESSION)
@@ -121,13 +150,11 @@ async def test_keep_policies_send_nothing() -> None:
 
 
 async def test_lora_endpoints_and_requests_routed_to_the_adapter() -> None:
-    recorder = Recorder(
+    recorder = released(
         {
-            ("POST", "/v1/load_lora_adapter"): httpx.Response(
-                200, text="Success: LoRA adapter 'x' added"
-            ),
-            ("POST", "/v1/unload_lora_adapter"): httpx.Response(200, text="Success"),
-            **loaded_routes(),  # type: ignore[dict-item]
+            ("POST", "/v1/load_lora_adapter"): text_answer("Success: LoRA adapter 'x' added"),
+            ("POST", "/v1/unload_lora_adapter"): text_answer("Success: LoRA adapter removed"),
+            **loaded_routes(),
         }
     )
     vllm = engine(recorder)
@@ -159,7 +186,9 @@ async def test_lora_endpoints_and_requests_routed_to_the_adapter() -> None:
 
 async def test_lora_without_runtime_updating_is_rejected_with_the_flag_to_set() -> None:
     with pytest.raises(EngineRejected, match="VLLM_ALLOW_RUNTIME_LORA_UPDATING=1"):
-        await engine(Recorder({})).load_weights(Path("/s/l"), "l", kind=SnapshotKind.LORA)
+        await engine(released({("POST", "/v1/load_lora_adapter"): NOT_REGISTERED})).load_weights(
+            Path("/s/l"), "l", kind=SnapshotKind.LORA
+        )
 
 
 def test_generation_requests_ask_for_weight_versions() -> None:
@@ -173,13 +202,19 @@ def test_generation_requests_ask_for_weight_versions() -> None:
 
 def test_identities_come_from_each_choice() -> None:
     vllm = VLLMEngine(BASE)
-    chunk = {
-        "choices": [{"index": 0, "text": "x", "weight_versions": ["step-1", "step-1", "step-2"]}]
-    }
-    assert vllm.identities_of(chunk) == ["step-1", "step-2"]
-    assert vllm.identities_of({"choices": [{"index": 0, "text": "x"}]}) == []
+    spans = [
+        {"version": "step-1", "start": 0, "end": 2},
+        {"version": "step-2", "start": 2, "end": 5},
+    ]
+    choice = VLLM.example("CompletionResponseChoice", index=0, text="x", weight_versions=spans)
+    response = VLLM.example("CompletionResponse", model="m", choices=[choice])
+    assert vllm.identities_of(response) == ["step-1", "step-2"]
+    plain = VLLM.example("CompletionResponseChoice", index=0, text="x")
+    assert vllm.identities_of(VLLM.example("CompletionResponse", model="m", choices=[plain])) == []
 
 
 async def test_served_identity_reads_weight_info() -> None:
-    recorder = Recorder({("GET", "/weight_info"): ok({"weight_version": "step-4"})})
+    recorder = released(
+        {("GET", "/weight_info"): answer(VLLM, "GET", "/weight_info", {"weight_version": "step-4"})}
+    )
     assert await engine(recorder).served_identity() == "step-4"

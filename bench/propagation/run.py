@@ -1,0 +1,553 @@
+"""Propagation benchmark: apply a PolicySnapshot → every replica serves it, at 30 / 300 / 1,000.
+
+What it does, on one region of its own (its own state directory, torn down at the end):
+
+1. ``hotload local up`` one region with enough fake nodes, and ``helm install`` the chart
+   (the operator, 2 replicas with peering, run by the pod runtime; it watches ``hl-*``);
+2. per size N: a RolloutDeployment of N ``noop``-engine replicas in the runtime's shared
+   mode (real sidecar agents as tasks: each fetches, verifies and rebuilds every snapshot
+   from a ``file://`` bucket), a Full, then at least ten deltas (and at least 1,000
+   per-replica samples), applied one at a time, each once the previous one is everywhere;
+3. per snapshot, from a client watching the pods: each replica's time from the apply to
+   its pod reporting the snapshot served and ``Ready`` (p50/p99 over all samples), and the
+   time until the last one; the operator's status writes and API requests (its
+   ``/metrics``), every client's API requests (the apiserver's ``/metrics``), the active
+   operator's CPU seconds, and both operators' peak RSS;
+4. the baseline, measured the same way on the same StatefulSet: a rolling restart
+   (``kubectl rollout restart``): per replica, from the restart to its new pod serving
+   the snapshot again. A StatefulSet replaces one pod at a time, so at 300 and 1,000 it
+   measures the first ``--restart-pods`` replacements and states the projection for all.
+
+Run (from the repository root, with the project's venv)::
+
+    python bench/propagation/run.py --replicas 30 300 1000
+
+Results: ``bench/propagation/results.json`` (every number, with the command) and
+``bench/propagation/RESULTS.md`` (the summary). Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+import httpx  # noqa: E402
+from kubernetes import client as k8s  # noqa: E402
+from kubernetes import watch as k8s_watch  # noqa: E402
+
+from hotload.api import API_VERSION  # noqa: E402
+from hotload.api import pod as contract  # noqa: E402
+from hotload.errors import RegionIndexTaken  # noqa: E402
+from hotload.local import LocalRegions, Region, down, up  # noqa: E402
+from hotload.local import chart as hotload_chart  # noqa: E402
+from hotload.local.bootstrap import api_client  # noqa: E402
+from hotload.local.runtime.launcher import settings_for  # noqa: E402
+from hotload.local.runtime.process_ledger import ProcessLedger  # noqa: E402
+from hotload.operator.workload import label_selector  # noqa: E402
+from hotload.waiting import wait_until  # noqa: E402
+from tests.integration.operator.tiny_chain import TinyChain, TinySnapshot  # noqa: E402
+
+DEPLOYMENT = "fleet"
+PODS_PER_NODE = 240
+MIN_SNAPSHOTS = 10
+MIN_SAMPLES = 1000
+TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
+CHART = hotload_chart.ChartRelease(watch_namespaces=("hl-*",))
+GROUP, VERSION = API_VERSION.split("/")
+
+
+def log(message: str) -> None:
+    print(f"[{datetime.now(UTC).strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    rank = max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))
+    return ordered[rank]
+
+
+# --- watching the pods ---------------------------------------------------------------
+
+
+class PodWatcher:
+    """A client watching the replicas' pods: when each pod first reported each snapshot."""
+
+    def __init__(self, api: k8s.ApiClient, namespace: str) -> None:
+        self._core = k8s.CoreV1Api(api)
+        self._namespace = namespace
+        self._lock = threading.Lock()
+        self.first_ready: dict[tuple[str, str, str], float] = {}
+        """(pod uid, pod name, snapshot) → monotonic time it was first seen Ready at it."""
+        self._stop = threading.Event()
+        self._watch = k8s_watch.Watch()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for event in self._watch.stream(
+                    self._core.list_namespaced_pod, self._namespace,
+                    label_selector=label_selector(DEPLOYMENT), timeout_seconds=60,
+                    _preload_content=True,
+                ):  # fmt: skip
+                    seen = time.monotonic()
+                    meta = event["object"].metadata
+                    notes = meta.annotations or {}
+                    snapshot = notes.get(contract.ANNOTATION_SNAPSHOT)
+                    if snapshot and notes.get(contract.ANNOTATION_STATE) == "Ready":
+                        key = (meta.uid, meta.name, snapshot)
+                        with self._lock:
+                            self.first_ready.setdefault(key, seen)
+                    if self._stop.is_set():
+                        return
+            except Exception as err:  # a watch that broke is restarted
+                log(f"pod watch restarted: {err}")
+                self._stop.wait(0.5)
+
+    def ready_times(self, snapshot: str) -> dict[str, float]:
+        """Pod name → first time (monotonic) a pod of that name served ``snapshot``."""
+        with self._lock:
+            times: dict[str, float] = {}
+            for (_, name, ident), seen in self.first_ready.items():
+                if ident == snapshot:
+                    times[name] = min(seen, times.get(name, seen))
+            return times
+
+    def ready_by_uid(self, snapshot: str) -> dict[str, tuple[str, float]]:
+        with self._lock:
+            return {
+                uid: (name, seen)
+                for (uid, name, ident), seen in self.first_ready.items()
+                if ident == snapshot
+            }
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._watch.stop()
+
+
+# --- what the operator and the apiserver say -------------------------------------------
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN|\+Inf)$")
+
+
+def scrape(text: str) -> dict[str, float]:
+    """Prometheus text → {"name{labels}": value}."""
+    samples = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line.strip())
+        if match and not line.startswith("#"):
+            samples[match.group(1) + (match.group(2) or "")] = float(match.group(3))
+    return samples
+
+
+def total(samples: dict[str, float], name: str, where: str = "") -> float:
+    return sum(v for k, v in samples.items() if k.split("{")[0] == name and where in k)
+
+
+@dataclass
+class OperatorPod:
+    name: str
+    ip: str
+    pid: int | None
+
+
+def operator_pods(region: Region, api: k8s.ApiClient) -> list[OperatorPod]:
+    pods = (
+        k8s.CoreV1Api(api)
+        .list_namespaced_pod(CHART.namespace, label_selector="app.kubernetes.io/component=operator")
+        .items
+    )
+    ledger = {e.key: e.pid for e in ProcessLedger(settings_for(region).processes_dir).entries()}
+    return [
+        OperatorPod(
+            p.metadata.name,
+            p.status.pod_ip or "",
+            ledger.get(f"{p.metadata.uid}.operator"),
+        )
+        for p in pods
+        if p.metadata.deletion_timestamp is None
+    ]
+
+
+def operator_metrics(pod: OperatorPod) -> dict[str, float]:
+    try:
+        return scrape(httpx.get(f"http://{pod.ip}:8080/metrics", timeout=10).text)
+    except httpx.HTTPError:
+        return {}
+
+
+def cpu_seconds(pid: int | None) -> float:
+    if pid is None:
+        return math.nan
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mib(pid: int | None) -> float:
+    if pid is None:
+        return math.nan
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return math.nan
+
+
+def apiserver_metrics(api: k8s.ApiClient) -> dict[str, float]:
+    response = api.call_api("/metrics", "GET", auth_settings=["BearerToken"],
+                            _preload_content=False)  # fmt: skip
+    return scrape(response[0].data.decode())
+
+
+@dataclass
+class Counters:
+    """Cumulative counters at one moment."""
+
+    at: float
+    operator: dict[str, float]
+    apiserver: dict[str, float]
+    cpu: float
+
+    @classmethod
+    def read(cls, api: k8s.ApiClient, active: OperatorPod) -> Counters:
+        return cls(
+            time.monotonic(), operator_metrics(active), apiserver_metrics(api),
+            cpu_seconds(active.pid),
+        )  # fmt: skip
+
+    def minus(self, before: Counters) -> dict[str, float]:
+        def op(name: str, where: str = "") -> float:
+            return total(self.operator, name, where) - total(before.operator, name, where)
+
+        def server(name: str, where: str = "") -> float:
+            return total(self.apiserver, name, where) - total(before.apiserver, name, where)
+
+        return {
+            "operator_status_writes": op("hotload_operator_status_writes_total"),
+            "operator_deployment_status_writes": op(
+                "hotload_operator_status_writes_total", 'kind="RolloutDeployment"'
+            ),
+            "operator_api_requests": op("hotload_operator_api_requests_total"),
+            "operator_reconciles": op("hotload_operator_reconcile_seconds_count"),
+            "operator_cpu_seconds": self.cpu - before.cpu,
+            "apiserver_requests_all_clients": server("apiserver_request_total"),
+            "apiserver_patches_all_clients": server("apiserver_request_total", 'verb="PATCH"'),
+        }
+
+
+# --- one size -------------------------------------------------------------------------
+
+
+@dataclass
+class SizeResult:
+    replicas: int
+    snapshots: list[dict[str, Any]] = field(default_factory=list)
+    samples_s: list[float] = field(default_factory=list)
+    first_full_all_ready_s: float | None = None
+    restart: dict[str, Any] = field(default_factory=dict)
+    ledger_bytes: int | None = None
+    deployment_status_bytes: int | None = None
+    peak_rss_mib: dict[str, float] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        per_snapshot = [s["all_ready_s"] for s in self.snapshots if s["all_ready_s"]]
+        costs = {
+            key: statistics.median(s["cost"][key] for s in self.snapshots)
+            for key in (self.snapshots[0]["cost"] if self.snapshots else {})
+        }
+        return {
+            "replicas": self.replicas,
+            "snapshots": len(self.snapshots),
+            "samples": len(self.samples_s),
+            "apply_to_ready_p50_s": round(percentile(self.samples_s, 50), 3),
+            "apply_to_ready_p99_s": round(percentile(self.samples_s, 99), 3),
+            "apply_to_all_ready_median_s": round(statistics.median(per_snapshot), 3)
+            if per_snapshot
+            else None,
+            "median_cost_per_snapshot": {k: round(v, 3) for k, v in costs.items()},
+            "first_full_all_ready_s": self.first_full_all_ready_s,
+            "ledger_bytes_per_snapshot_object": self.ledger_bytes,
+            "deployment_status_bytes": self.deployment_status_bytes,
+            "operator_peak_rss_mib": self.peak_rss_mib,
+            "rolling_restart": self.restart,
+        }
+
+
+class Bench:
+    def __init__(self, region: Region, api: k8s.ApiClient, work: Path, timeout_s: float) -> None:
+        self.region = region
+        self.api = api
+        self.custom = k8s.CustomObjectsApi(api)
+        self.core = k8s.CoreV1Api(api)
+        self.apps = k8s.AppsV1Api(api)
+        self.work = work
+        self.timeout_s = timeout_s
+
+    def active_operator(self) -> OperatorPod:
+        def find() -> OperatorPod | None:
+            for pod in operator_pods(self.region, self.api):
+                if total(operator_metrics(pod), "hotload_operator_reconcilers") > 0:
+                    return pod
+            return None
+
+        found = wait_until(find, self.timeout_s, interval_s=1.0)
+        if found is None:
+            raise SystemExit("no active operator found")
+        return found
+
+    @contextmanager
+    def deployment(self, namespace: str, replicas: int, bucket: Path) -> Iterator[None]:
+        self.core.create_namespace({"metadata": {"name": namespace}})
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace,
+                                                    "rolloutdeployments", {
+            "apiVersion": API_VERSION, "kind": "RolloutDeployment",
+            "metadata": {"name": DEPLOYMENT},
+            "spec": {
+                "model": {"name": "tiny", "servedName": "policy"},
+                "engine": {"kind": "noop"}, "replicas": replicas,
+                "hotLoad": {"bucketUrl": f"file://{bucket}"},
+                "scheduling": {"tolerations": [TOLERATION]},
+                "retention": {"keepSnapshots": 5},
+            },
+        })  # fmt: skip
+        try:
+            yield
+        finally:
+            log(f"removing {namespace}")
+            self.core.delete_namespace(namespace)
+            wait_until(lambda: not self._pods_left(namespace), self.timeout_s, interval_s=2.0)
+
+    def _pods_left(self, namespace: str) -> int:
+        return len(self.core.list_namespaced_pod(namespace).items)
+
+    def apply(self, namespace: str, snapshot: TinySnapshot) -> float:
+        began = time.monotonic()
+        self.custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, "policysnapshots", snapshot.manifest(DEPLOYMENT)
+        )
+        return began
+
+    def wait_all(self, watcher: PodWatcher, identity: str, replicas: int) -> dict[str, float]:
+        def everywhere() -> dict[str, float] | None:
+            times = watcher.ready_times(identity)
+            return times if len(times) >= replicas else None
+
+        times = wait_until(everywhere, self.timeout_s, interval_s=0.2)
+        if not times:
+            raise SystemExit(f"{identity} did not reach all {replicas} replicas in time")
+        return times
+
+    def run_size(self, replicas: int, snapshots: int, restart_pods: int) -> SizeResult:
+        namespace = f"hl-bench-{replicas}"
+        bucket = self.work / f"bucket-{replicas}"
+        bucket.mkdir(parents=True)
+        chain = TinyChain(bucket, self.work / f"trainer-{replicas}", name=f"p{replicas}")
+        result = SizeResult(replicas)
+        with self.deployment(namespace, replicas, bucket):
+            watcher = PodWatcher(self.api, namespace)
+            try:
+                full = asyncio.run(chain.publish(0, full=True))
+                began = self.apply(namespace, full)
+                times = self.wait_all(watcher, full.identity, replicas)
+                result.first_full_all_ready_s = round(max(times.values()) - began, 2)
+                log(f"N={replicas}: Full everywhere after {result.first_full_all_ready_s} s")
+                active = self.active_operator()
+                for step in range(1, snapshots + 1):
+                    snapshot = asyncio.run(chain.publish(step))
+                    time.sleep(1.0)  # let the previous rollout's trailing writes settle
+                    before = Counters.read(self.api, active)
+                    began = self.apply(namespace, snapshot)
+                    times = self.wait_all(watcher, snapshot.identity, replicas)
+                    time.sleep(3.0)  # the operator's trailing status writes belong to it
+                    after = Counters.read(self.api, active)
+                    samples = [t - began for t in times.values()]
+                    result.samples_s += samples
+                    result.snapshots.append(
+                        {
+                            "identity": snapshot.identity,
+                            "p50_s": round(percentile(samples, 50), 3),
+                            "p99_s": round(percentile(samples, 99), 3),
+                            "all_ready_s": round(max(samples), 3),
+                            "cost": after.minus(before),
+                        }
+                    )
+                    log(f"N={replicas} {snapshot.identity}: p50 {percentile(samples, 50):.2f} s, "
+                        f"all {max(samples):.2f} s, cost {after.minus(before)}")  # fmt: skip
+                last = result.snapshots[-1]["identity"]
+                body = self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, namespace, "policysnapshots", last
+                )
+                result.ledger_bytes = len(json.dumps(body))
+                rd = self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, namespace, "rolloutdeployments", DEPLOYMENT
+                )
+                result.deployment_status_bytes = len(json.dumps(rd.get("status") or {}))
+                result.peak_rss_mib = {
+                    pod.name: round(peak_rss_mib(pod.pid), 1)
+                    for pod in operator_pods(self.region, self.api)
+                }
+                result.restart = self.rolling_restart(watcher, namespace, last, replicas,
+                                                      restart_pods)  # fmt: skip
+            finally:
+                watcher.stop()
+        return result
+
+    def rolling_restart(
+        self, watcher: PodWatcher, namespace: str, identity: str, replicas: int, sample: int
+    ) -> dict[str, Any]:
+        """``kubectl rollout restart`` measured the same way: restart → new pod serves it."""
+        old = {p.metadata.uid for p in self.core.list_namespaced_pod(
+            namespace, label_selector=label_selector(DEPLOYMENT)).items}  # fmt: skip
+        wanted = min(sample, replicas)
+        began = time.monotonic()
+        stamp = {"kubectl.kubernetes.io/restartedAt": datetime.now(UTC).isoformat()}
+        self.apps.patch_namespaced_stateful_set(
+            DEPLOYMENT, namespace, {"spec": {"template": {"metadata": {"annotations": stamp}}}}
+        )
+
+        def replaced() -> dict[str, tuple[str, float]] | None:
+            fresh = {u: v for u, v in watcher.ready_by_uid(identity).items() if u not in old}
+            return fresh if len(fresh) >= wanted else None
+
+        fresh = wait_until(replaced, self.timeout_s * 4, interval_s=0.5)
+        if not fresh:
+            return {"outcome": "timeout", "replaced": 0}
+        samples = sorted(t - began for _, t in fresh.values())[:wanted]
+        per_pod = samples[-1] / len(samples)
+        measured = {
+            "replaced_pods_measured": len(samples),
+            "p50_s": round(percentile(samples, 50), 2),
+            "p99_s": round(percentile(samples, 99), 2),
+            "seconds_per_replacement": round(per_pod, 2),
+        }
+        if wanted < replicas:
+            measured["projected_all_ready_s"] = round(per_pod * replicas, 1)
+            measured["projected_p50_s"] = round(per_pod * replicas / 2, 1)
+        else:
+            measured["all_ready_s"] = round(samples[-1], 2)
+        return measured
+
+
+def bring_up(state: Path, nodes: int) -> LocalRegions:
+    for base in range(231, 254):
+        try:
+            return up(["bench"], state_dir=state, index_base=base, nodes=nodes, gpus_per_node=8)
+        except RegionIndexTaken:
+            continue
+    raise SystemExit("no free address index for the benchmark region")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replicas", type=int, nargs="+", default=[30, 300, 1000])
+    parser.add_argument(
+        "--snapshots",
+        type=int,
+        default=None,
+        help="Deltas per size (default: at least 10 and 1,000 samples).",
+    )
+    parser.add_argument(
+        "--restart-pods",
+        type=int,
+        default=30,
+        help="Rolling-restart replacements measured per size.",
+    )
+    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--results", type=Path, default=REPO / "bench" / "propagation")
+    args = parser.parse_args()  # fmt: skip
+
+    nodes = max(1, -(-max(args.replicas) // PODS_PER_NODE)) + 1
+    work = Path(tempfile.mkdtemp(prefix="hotload-bench-propagation-"))
+    state = work / "state"
+    log(f"one region, {nodes} fake nodes, state {state}")
+    regions = bring_up(state, nodes)
+    region = regions.regions[0]
+    results: list[SizeResult] = []
+    try:
+        hotload_chart.install([region], CHART)
+        hotload_chart.wait_operator([region], CHART, timeout_s=args.timeout)
+        with api_client(region) as api:
+            bench = Bench(region, api, work, args.timeout)
+            for replicas in sorted(args.replicas):
+                count = args.snapshots or max(MIN_SNAPSHOTS, -(-MIN_SAMPLES // replicas))
+                log(f"N={replicas}: {count} deltas after a Full")
+                results.append(bench.run_size(replicas, count, args.restart_pods))
+    finally:
+        down(state)
+    write_results(args, results)
+
+
+def write_results(args: argparse.Namespace, results: list[SizeResult]) -> None:
+    summaries = [r.summary() for r in results]
+    base = summaries[0] if summaries else None
+    growth = []
+    for summary in summaries:
+        if base is None:
+            break
+        ratio = summary["replicas"] / base["replicas"]
+        cost, base_cost = summary["median_cost_per_snapshot"], base["median_cost_per_snapshot"]
+        growth.append({
+            "replicas": summary["replicas"],
+            "replicas_ratio": ratio,
+            "operator_status_writes_ratio": _ratio(cost, base_cost, "operator_status_writes"),
+            "operator_api_requests_ratio": _ratio(cost, base_cost, "operator_api_requests"),
+            "operator_cpu_seconds_ratio": _ratio(cost, base_cost, "operator_cpu_seconds"),
+            "p50_ratio": round(summary["apply_to_ready_p50_s"] / base["apply_to_ready_p50_s"], 2),
+        })  # fmt: skip
+    document = {
+        "benchmark": "propagation: PolicySnapshot applied → each replica serves it (noop engine, "
+        "shared mode, chart-installed operator)",
+        "command": " ".join(shlex.quote(part) for part in [sys.executable, *sys.argv]),
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "kernel": platform.release(), "note": "shared by other work; quote medians"},
+        "target": "at 1,000 replicas p50 < 5 s; cost per snapshot at most linear in replicas",
+        "baseline": "rolling restart of the same StatefulSet, measured the same way",
+        "sizes": summaries,
+        "growth_vs_smallest": growth,
+        "per_snapshot": {str(r.replicas): r.snapshots for r in results},
+    }  # fmt: skip
+    args.results.mkdir(parents=True, exist_ok=True)
+    path = args.results / "results.json"
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    log(f"results in {path}")
+
+
+def _ratio(cost: dict[str, float], base: dict[str, float], key: str) -> float | None:
+    if not base.get(key):
+        return None
+    return round(cost.get(key, 0.0) / base[key], 2)
+
+
+if __name__ == "__main__":
+    main()

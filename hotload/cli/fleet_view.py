@@ -1,0 +1,292 @@
+"""What ``hotload status`` and ``hotload ledger`` show: read from each region, then rows.
+
+Reading is one list per kind per region (RolloutDeployments, PolicySnapshots, replica
+pods), as raw JSON; the rows are built by pure functions (tested with dicts) and sorted
+so that what needs a human comes first: degraded or lagging deployments, failed and
+lagging replicas. Pods are the live truth of what each replica serves; a PolicySnapshot's
+ledger is the record of how that snapshot rolled out (``hotload ledger --snapshot``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from hotload.api import GROUP, VERSION
+from hotload.api import pod as contract
+from hotload.api.conditions import AVAILABLE, DEGRADED, PROGRESSING, SNAPSHOT_READY
+from hotload.api.policy_snapshot import PLURAL as SNAPSHOTS
+from hotload.api.rollout_deployment import PLURAL as DEPLOYMENTS
+from hotload.errors import KubeError
+from hotload.kube import kube_errors, sync_api_client
+from hotload.operator.workload import INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL
+
+Body = Mapping[str, Any]
+STATE_RANK: Final = {"Failed": 0, "Loading": 1, "Pending": 2, "Ready": 3}
+
+
+@dataclass(frozen=True)
+class RegionObjects:
+    """Everything one region holds for the views (raw API objects)."""
+
+    region: str
+    deployments: list[Body]
+    snapshots: list[Body]
+    pods: list[Body]
+
+
+@dataclass(frozen=True)
+class DeploymentRow:
+    region: str
+    namespace: str
+    deployment: str
+    desired: int
+    ready: int
+    updated: int
+    target: str | None
+    target_step: int | None
+    current: str | None
+    states: dict[str, int]
+    available: str
+    progressing: str
+    snapshot_ready: str
+    degraded: str
+    degraded_reason: str
+    message: str
+
+    @property
+    def needs_attention(self) -> bool:
+        return self.degraded == "True" or self.updated < self.desired or self.ready < self.desired
+
+
+@dataclass(frozen=True)
+class ReplicaRow:
+    region: str
+    namespace: str
+    deployment: str
+    pod: str
+    snapshot: str | None
+    target: str | None
+    state: str
+    since: str | None
+    via: str | None
+    behind: int | None
+    """Steps behind the deployment's target (None when a step is unknown)."""
+    reason: str | None
+    message: str | None
+
+
+def _meta(body: Body) -> Body:
+    return body.get("metadata") or {}
+
+
+def _condition(status: Body, kind: str) -> Body:
+    for entry in status.get("conditions") or []:
+        if isinstance(entry, Mapping) and entry.get("type") == kind:
+            return entry
+    return {}
+
+
+def deployment_rows(objects: RegionObjects) -> list[DeploymentRow]:
+    rows = []
+    for body in objects.deployments:
+        status: Body = body.get("status") or {}
+        target: Body = status.get("targetSnapshot") or {}
+        degraded = _condition(status, DEGRADED)
+        attention = (
+            degraded if degraded.get("status") == "True" else _condition(status, PROGRESSING)
+        )
+        rows.append(
+            DeploymentRow(
+                region=objects.region,
+                namespace=str(_meta(body).get("namespace") or ""),
+                deployment=str(_meta(body).get("name") or ""),
+                desired=int((body.get("spec") or {}).get("replicas") or 0),
+                ready=int(status.get("readyReplicas") or 0),
+                updated=int(status.get("updatedReplicas") or 0),
+                target=target.get("identity"),
+                target_step=target.get("step"),
+                current=(status.get("currentSnapshot") or {}).get("identity"),
+                states=dict(status.get("replicasByState") or {}),
+                available=str(_condition(status, AVAILABLE).get("status") or "Unknown"),
+                progressing=str(_condition(status, PROGRESSING).get("status") or "Unknown"),
+                snapshot_ready=str(_condition(status, SNAPSHOT_READY).get("status") or "Unknown"),
+                degraded=str(degraded.get("status") or "Unknown"),
+                degraded_reason=str(degraded.get("reason") or ""),
+                message=str(attention.get("message") or ""),
+            )
+        )
+    return sort_deployments(rows)
+
+
+def sort_deployments(rows: Iterable[DeploymentRow]) -> list[DeploymentRow]:
+    """Degraded first, then lagging, then the rest; then by place and name."""
+    return sorted(
+        rows,
+        key=lambda r: (r.degraded != "True", not r.needs_attention, r.region, r.namespace,
+                       r.deployment),
+    )  # fmt: skip
+
+
+def _steps(snapshots: Iterable[Body]) -> dict[tuple[str, str], int]:
+    steps = {}
+    for body in snapshots:
+        spec = body.get("spec") or {}
+        if isinstance(spec.get("step"), int):
+            steps[(str(_meta(body).get("namespace")), str(_meta(body).get("name")))] = spec["step"]
+    return steps
+
+
+def replica_rows(objects: RegionObjects, deployment: str | None = None) -> list[ReplicaRow]:
+    """One row per replica pod, from what its sidecar reports."""
+    steps = _steps(objects.snapshots)
+    targets = {
+        (str(_meta(b).get("namespace")), str(_meta(b).get("name"))): (
+            (b.get("status") or {}).get("targetSnapshot") or {}
+        )
+        for b in objects.deployments
+    }
+    rows = []
+    for body in objects.pods:
+        meta = _meta(body)
+        owner = str((meta.get("labels") or {}).get(INSTANCE_LABEL) or "")
+        if deployment is not None and owner != deployment:
+            continue
+        namespace = str(meta.get("namespace") or "")
+        notes: Body = meta.get("annotations") or {}
+        served = notes.get(contract.ANNOTATION_SNAPSHOT)
+        target = targets.get((namespace, owner), {})
+        target_step = target.get("step")
+        served_step = steps.get((namespace, served)) if served else None
+        behind = (
+            max(0, target_step - served_step)
+            if isinstance(target_step, int) and served_step is not None
+            else None
+        )
+        failed = notes.get(contract.ANNOTATION_STATE) == "Failed"
+        rows.append(
+            ReplicaRow(
+                region=objects.region,
+                namespace=namespace,
+                deployment=owner,
+                pod=str(meta.get("name") or ""),
+                snapshot=served,
+                target=notes.get(contract.ANNOTATION_TARGET) or target.get("identity"),
+                state=str(notes.get(contract.ANNOTATION_STATE) or "Pending"),
+                since=notes.get(contract.ANNOTATION_SINCE),
+                via=notes.get(contract.ANNOTATION_VIA),
+                behind=behind,
+                reason=notes.get(contract.ANNOTATION_REASON) if failed else None,
+                message=notes.get(contract.ANNOTATION_MESSAGE) if failed else None,
+            )
+        )
+    return sort_replicas(rows)
+
+
+def sort_replicas(rows: Iterable[ReplicaRow]) -> list[ReplicaRow]:
+    """Failed first, then the most steps behind, then the rest; then by place and name."""
+    return sorted(
+        rows,
+        key=lambda r: (
+            STATE_RANK.get(r.state, 2),
+            -(r.behind if r.behind is not None else 1 << 30) if r.state != "Ready" or r.behind
+            else 0,
+            r.region, r.namespace, r.deployment, r.pod,
+        ),
+    )  # fmt: skip
+
+
+def snapshot_ledger_rows(objects: RegionObjects, identity: str) -> list[ReplicaRow]:
+    """The recorded ledger of one PolicySnapshot (how it rolled out), as replica rows."""
+    rows = []
+    for body in objects.snapshots:
+        if _meta(body).get("name") != identity:
+            continue
+        deployment = str(((body.get("spec") or {}).get("deploymentRef") or {}).get("name") or "")
+        for pod, entry in ((body.get("status") or {}).get("replicas") or {}).items():
+            rows.append(
+                ReplicaRow(
+                    region=objects.region,
+                    namespace=str(_meta(body).get("namespace") or ""),
+                    deployment=deployment,
+                    pod=pod,
+                    snapshot=entry.get("snapshot"),
+                    target=identity,
+                    state=str(entry.get("state") or "Pending"),
+                    since=entry.get("since"),
+                    via=entry.get("via"),
+                    behind=None,
+                    reason=entry.get("reason"),
+                    message=entry.get("message"),
+                )
+            )
+    return sort_replicas(rows)
+
+
+def as_data(rows: Sequence[DeploymentRow] | Sequence[ReplicaRow]) -> list[dict[str, Any]]:
+    return [asdict(row) for row in rows]
+
+
+def _list(call: Any, *args: Any, **kwargs: Any) -> list[Body]:
+    response = call(*args, _preload_content=False, **kwargs)
+    return list(json.loads(response.data).get("items") or [])
+
+
+def read_region(
+    kubeconfig: Path | None, context: str | None, namespace: str | None
+) -> RegionObjects:
+    """One list per kind in the region named by ``context`` (all namespaces when None)."""
+    from kubernetes import client
+
+    api = sync_api_client(kubeconfig, context=context)
+    try:
+        custom = client.CustomObjectsApi(api)
+        core = client.CoreV1Api(api)
+        selector = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+        with kube_errors(context=context or "in-cluster", namespace=namespace or "all"):
+            if namespace:
+                deployments = _list(custom.list_namespaced_custom_object, GROUP, VERSION,
+                                    namespace, DEPLOYMENTS)  # fmt: skip
+                snapshots = _list(custom.list_namespaced_custom_object, GROUP, VERSION,
+                                  namespace, SNAPSHOTS)  # fmt: skip
+                pods = _list(core.list_namespaced_pod, namespace, label_selector=selector)
+            else:
+                deployments = _list(custom.list_cluster_custom_object, GROUP, VERSION,
+                                    DEPLOYMENTS)  # fmt: skip
+                snapshots = _list(custom.list_cluster_custom_object, GROUP, VERSION, SNAPSHOTS)
+                pods = _list(core.list_pod_for_all_namespaces, label_selector=selector)
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+    return RegionObjects(context or "in-cluster", deployments, snapshots, pods)
+
+
+def current_context(kubeconfig: Path | None) -> str | None:
+    """The kubeconfig's current context (None in-cluster or when it names none)."""
+    from kubernetes import config
+
+    if kubeconfig is None:
+        return None
+    try:
+        _, active = config.list_kube_config_contexts(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+    except (config.ConfigException, OSError):
+        return None
+    return str(active["name"]) if active else None
+
+
+def read_regions(
+    kubeconfig: Path | None, contexts: Sequence[str], namespace: str | None
+) -> tuple[list[RegionObjects], dict[str, KubeError]]:
+    """Every context asked for (the current one when none); a region that fails is reported
+    beside the others instead of hiding them."""
+    regions: list[RegionObjects] = []
+    errors: dict[str, KubeError] = {}
+    wanted: list[str | None] = [*contexts] if contexts else [current_context(kubeconfig)]
+    for context in wanted:
+        try:
+            regions.append(read_region(kubeconfig, context, namespace))
+        except KubeError as err:
+            errors[context or "in-cluster"] = err
+    return regions, errors

@@ -1,0 +1,195 @@
+"""The operator's API calls, thin: each one counted, each failure a typed ``KubeError``.
+
+Responses are read as raw JSON (``_preload_content=False``): the reconciler keeps plain
+dicts, and turning a 1,000-pod list into generated model objects would cost more than
+the whole reconcile. Writes are merge patches of status (only what changed), server-side
+apply of owned objects (field manager ``hotload-operator``, forced: the operator owns
+those fields, so another writer's change to them is repaired), deletes with a uid
+precondition, and Events.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Mapping
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from kubernetes_asyncio.client import (
+    ApiClient,
+    ApiException,
+    AppsV1Api,
+    CoreV1Api,
+    CustomObjectsApi,
+    RbacAuthorizationV1Api,
+)
+
+from hotload.api import GROUP, VERSION
+from hotload.api.policy_snapshot import PLURAL as SNAPSHOTS
+from hotload.api.rollout_deployment import PLURAL as DEPLOYMENTS
+from hotload.errors import KubeError
+from hotload.kube import kube_errors
+from hotload.operator.metrics import OperatorMetrics
+from hotload.operator.plan import EventSpec
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER: Final = "hotload-operator"
+EVENT_SOURCE: Final = "hotload-operator"
+MERGE_PATCH: Final = "application/merge-patch+json"
+APPLY_PATCH: Final = "application/apply-patch+yaml"
+
+Body = dict[str, Any]
+
+
+async def _json(call: Awaitable[Any]) -> Body:
+    """The response as JSON; a non-2xx answer raises the client's ``ApiException``.
+
+    (With ``_preload_content=False`` the client hands back the raw response without
+    checking its status: that check is ours.)
+    """
+    response = await call
+    try:
+        payload = await response.read()
+    finally:
+        response.release()
+    if not 200 <= response.status <= 299:
+        error = ApiException(status=response.status, reason=response.reason)
+        error.body = payload
+        raise error
+    return json.loads(payload) if payload else {}
+
+
+class KubeExecutor:
+    """The calls one operator makes, on one async client."""
+
+    def __init__(self, api: ApiClient, metrics: OperatorMetrics, identity: str) -> None:
+        # Typed as Any: the calls pass the client's private options (_content_type,
+        # _preload_content) that its generated signatures do not declare.
+        self._core: Any = CoreV1Api(api)
+        self._apps: Any = AppsV1Api(api)
+        self._rbac: Any = RbacAuthorizationV1Api(api)
+        self._custom: Any = CustomObjectsApi(api)
+        self._metrics = metrics
+        self._identity = identity
+
+    def _count(self, verb: str, resource: str) -> None:
+        self._metrics.api_requests.labels(verb, resource).inc()
+
+    # --- reads -------------------------------------------------------------------------
+
+    async def list_pods(self, namespace: str, selector: str) -> Body:
+        self._count("list", "pods")
+        with kube_errors(namespace=namespace, resource="pods"):
+            return await _json(
+                self._core.list_namespaced_pod(
+                    namespace, label_selector=selector, _preload_content=False
+                )
+            )
+
+    async def list_snapshots(self, namespace: str) -> Body:
+        self._count("list", SNAPSHOTS)
+        with kube_errors(namespace=namespace, resource=SNAPSHOTS):
+            return await _json(
+                self._custom.list_namespaced_custom_object(
+                    GROUP, VERSION, namespace, SNAPSHOTS, _preload_content=False
+                )
+            )
+
+    # --- status ------------------------------------------------------------------------
+
+    async def patch_status(
+        self, plural: str, kind: str, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> Body:
+        self._count("patch", f"{plural}/status")
+        self._metrics.status_writes.labels(kind).inc()
+        with kube_errors(namespace=namespace, name=name, resource=f"{plural}/status"):
+            return await _json(
+                self._custom.patch_namespaced_custom_object_status(
+                    GROUP, VERSION, namespace, plural, name, {"status": dict(status)},
+                    _content_type=MERGE_PATCH, _preload_content=False,
+                )
+            )  # fmt: skip
+
+    async def patch_deployment_status(
+        self, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> Body:
+        return await self.patch_status(DEPLOYMENTS, "RolloutDeployment", namespace, name, status)
+
+    async def patch_snapshot_status(
+        self, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> Body:
+        return await self.patch_status(SNAPSHOTS, "PolicySnapshot", namespace, name, status)
+
+    async def delete_snapshot(self, namespace: str, name: str, uid: str) -> None:
+        """Delete one PolicySnapshot, only the object we decided about (uid precondition)."""
+        self._count("delete", SNAPSHOTS)
+        with kube_errors(namespace=namespace, name=name, resource=SNAPSHOTS):
+            await _json(
+                self._custom.delete_namespaced_custom_object(
+                    GROUP, VERSION, namespace, SNAPSHOTS, name,
+                    body={"preconditions": {"uid": uid}}, _preload_content=False,
+                )
+            )  # fmt: skip
+
+    # --- owned objects -----------------------------------------------------------------
+
+    async def apply(self, manifest: Mapping[str, Any]) -> Body:
+        """Server-side apply one owned object (created when absent, repaired when changed)."""
+        kind = manifest["kind"]
+        namespace = manifest["metadata"]["namespace"]
+        name = manifest["metadata"]["name"]
+        body = dict(manifest)  # JSON is YAML: the client sends it as JSON text
+        options: dict[str, Any] = {
+            "field_manager": FIELD_MANAGER,
+            "force": True,
+            "_content_type": APPLY_PATCH,
+            "_preload_content": False,
+        }
+        self._count("apply", kind)
+        with kube_errors(namespace=namespace, name=name, kind=kind):
+            call: Awaitable[Any]
+            if kind == "StatefulSet":
+                call = self._apps.patch_namespaced_stateful_set(name, namespace, body, **options)
+            elif kind == "Service":
+                call = self._core.patch_namespaced_service(name, namespace, body, **options)
+            elif kind == "ServiceAccount":
+                call = self._core.patch_namespaced_service_account(name, namespace, body, **options)
+            elif kind == "RoleBinding":
+                call = self._rbac.patch_namespaced_role_binding(name, namespace, body, **options)
+            else:
+                raise KubeError("the operator does not manage this kind", kind=kind)
+            return await _json(call)
+
+    # --- events ------------------------------------------------------------------------
+
+    async def emit(self, namespace: str, event: EventSpec) -> None:
+        """Create one core/v1 Event about one of our objects."""
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "generateName": f"{event.name}.",
+                "namespace": namespace,
+            },
+            "involvedObject": {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": event.kind,
+                "name": event.name,
+                "namespace": namespace,
+                "uid": event.uid,
+            },
+            "type": event.type.value,
+            "reason": event.reason,
+            "message": event.message[:1024],
+            "source": {"component": EVENT_SOURCE, "host": self._identity[:253]},
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        self._count("create", "events")
+        self._metrics.events.labels(event.type.value, event.reason).inc()
+        with kube_errors(namespace=namespace, resource="events", reason=event.reason):
+            await _json(self._core.create_namespaced_event(namespace, body, _preload_content=False))

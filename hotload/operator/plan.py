@@ -1,0 +1,322 @@
+"""The whole reconcile of one RolloutDeployment as a pure function: observed in, plan out.
+
+``plan_deployment`` takes everything the reconciler observed (the deployment, its replica
+pods, the PolicySnapshots of its namespace) and returns every write that should happen:
+the deployment's status, each snapshot's status, the snapshots retention deletes, the
+Events a user acts on, and the propagation times completed now. The reconciler only
+executes it (``executor.py``); every decision is here, tested with tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Final
+
+from hotload.api import ReplicaState, RolloutDeploymentSpec, SnapshotRef
+from hotload.api import reasons as reason_words
+from hotload.api.conditions import CHAIN_VALID, DEGRADED, READY
+from hotload.operator.deployment_status import plan_deployment_status
+from hotload.operator.ledger import count_fleet
+from hotload.operator.pods import PodReport
+from hotload.operator.retention import plan_retention
+from hotload.operator.rollout import (
+    BreakReport,
+    ChainVerdict,
+    SnapshotInfo,
+    TargetMove,
+    TargetPlan,
+    breaks_ahead_of,
+    plan_target,
+    validate_chains,
+)
+from hotload.operator.snapshot_status import ObservedSnapshot, plan_snapshot_status
+from hotload.operator.workload import label_selector
+
+DEPLOYMENT_KIND: Final = "RolloutDeployment"
+SNAPSHOT_KIND: Final = "PolicySnapshot"
+
+# Event reasons (CamelCase, one per transition a user acts on).
+TARGET_MOVED: Final = "TargetMoved"
+TARGET_ROLLED_BACK: Final = "TargetRolledBack"
+TARGET_CLEARED: Final = "TargetCleared"
+RECOVERED: Final = "Recovered"
+REPLICA_FAILED: Final = "ReplicaFailed"
+SNAPSHOT_RETIRED: Final = "SnapshotRetired"
+
+
+class EventType(StrEnum):
+    NORMAL = "Normal"
+    WARNING = "Warning"
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """A Kubernetes Event to emit about one of our objects."""
+
+    kind: str
+    name: str
+    uid: str
+    type: EventType
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ObservedDeployment:
+    name: str
+    namespace: str
+    uid: str
+    generation: int | None
+    spec: RolloutDeploymentSpec
+    status: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything one reconcile looks at."""
+
+    deployment: ObservedDeployment
+    pods: Sequence[PodReport]
+    """This deployment's replica pods (terminating ones included)."""
+    snapshots: Mapping[str, ObservedSnapshot]
+    """Every PolicySnapshot of the namespace, by identity."""
+
+
+@dataclass(frozen=True)
+class DeploymentPlan:
+    target: TargetPlan
+    status_patch: dict[str, Any] | None
+    status_material: bool
+    snapshot_patches: dict[str, dict[str, Any]] = field(default_factory=dict)
+    deletions: list[tuple[str, str]] = field(default_factory=list)
+    """(identity, uid) of PolicySnapshots retention deletes."""
+    events: list[EventSpec] = field(default_factory=list)
+    propagated: list[tuple[str, float]] = field(default_factory=list)
+    """(identity, seconds from creation to all replicas ready) completed now."""
+    verdicts: dict[str, ChainVerdict] = field(default_factory=dict)
+
+
+def recorded_ref(status: Mapping[str, Any], key: str) -> SnapshotRef | None:
+    raw = status.get(key)
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        return SnapshotRef.model_validate(raw)
+    except ValueError:
+        return None
+
+
+def break_reports(pods: Sequence[PodReport]) -> list[BreakReport]:
+    """Chain-breaking failures the replicas report, oldest report first."""
+    reports = [
+        BreakReport(
+            identity=pod.failed_snapshot or pod.target or "",
+            reason=pod.reason or "",
+            message=pod.message or "",
+            pod=pod.name,
+        )
+        for pod in sorted(pods, key=lambda p: (p.since is None, p.since, p.name))
+        if pod.state is ReplicaState.FAILED
+        and pod.reason in reason_words.CHAIN_BREAKING_REASONS
+        and (pod.failed_snapshot or pod.target)
+    ]
+    return reports
+
+
+def _current(
+    desired: Sequence[PodReport], snapshots: Mapping[str, SnapshotInfo], spec: RolloutDeploymentSpec
+) -> SnapshotRef | None:
+    """The newest snapshot every serving replica has (the oldest one any of them serves)."""
+    served = [
+        snapshots[pod.snapshot] for pod in desired if pod.snapshot and pod.snapshot in snapshots
+    ]
+    if not served:
+        return None
+    oldest = min(served, key=lambda info: info.order)
+    return oldest.ref(spec.hot_load.kv_cache_policy)
+
+
+def _target_events(plan: TargetPlan, deployment: ObservedDeployment) -> list[EventSpec]:
+    if plan.move is TargetMove.NONE or plan.move is TargetMove.REFRESH:
+        return []
+    if plan.target is None:
+        reason, kind = TARGET_CLEARED, EventType.WARNING
+        message = f"target {plan.previous.identity if plan.previous else ''} is not a valid " \
+            "snapshot of this deployment and nothing valid remains: target cleared"  # fmt: skip
+    elif plan.move is TargetMove.BACK:
+        reason, kind = TARGET_ROLLED_BACK, EventType.WARNING
+        was = plan.previous.identity if plan.previous else "none"
+        message = (
+            f"target {was} is broken or gone: back to {plan.target.identity} "
+            f"(step {plan.target.step}), the newest valid snapshot"
+        )
+    else:
+        reason, kind = TARGET_MOVED, EventType.NORMAL
+        message = (
+            f"target is now {plan.target.identity} (step {plan.target.step}, "
+            f"{plan.target.kind.value})"
+        )
+    return [EventSpec(DEPLOYMENT_KIND, deployment.name, deployment.uid, kind, reason, message)]
+
+
+def plan_deployment(observation: Observation, now: datetime) -> DeploymentPlan:
+    deployment = observation.deployment
+    spec = deployment.spec
+    infos = {identity: snap.info for identity, snap in observation.snapshots.items()}
+    pods = observation.pods
+    desired = sorted((pod for pod in pods if pod.is_desired(spec.replicas)), key=lambda p: p.name)
+
+    verdicts = validate_chains(infos, break_reports(desired))
+    observed_target = recorded_ref(deployment.status, "targetSnapshot")
+    target_plan = plan_target(
+        infos, verdicts, deployment.name, observed_target, spec.hot_load.kv_cache_policy
+    )
+    target = target_plan.target
+    events = _target_events(target_plan, deployment)
+
+    def order_of(identity: str | None) -> tuple[int, int] | None:
+        info = infos.get(identity) if identity else None
+        return info.order if info is not None else None
+
+    snapshot_patches: dict[str, dict[str, Any]] = {}
+    propagated: list[tuple[str, float]] = []
+    for identity, observed in observation.snapshots.items():
+        if observed.info.deployment != deployment.name:
+            continue
+        verdict = verdicts[identity]
+        snap_plan = plan_snapshot_status(
+            observed, verdict, desired, spec.replicas, target, order_of, now
+        )
+        if snap_plan.patch is not None:
+            snapshot_patches[identity] = snap_plan.patch
+        if snap_plan.completed_now and observed.created is not None:
+            propagated.append((identity, (now - observed.created).total_seconds()))
+        events += _snapshot_events(observed, snap_plan.condition_changes, deployment)
+
+    counts = count_fleet(pods, spec.replicas, target.identity if target else None)
+    breaks = [
+        (info, verdicts[info.identity])
+        for info in breaks_ahead_of(infos.values(), verdicts, deployment.name, target)
+    ]
+    status_plan = plan_deployment_status(
+        deployment.status,
+        deployment.generation,
+        label_selector(deployment.name),
+        counts,
+        desired,
+        target,
+        _current(desired, infos, spec),
+        breaks,
+        now,
+    )
+    events += _deployment_events(status_plan.condition_changes, deployment)
+    events += _replica_failure_events(desired, deployment, observation)
+
+    doomed = plan_retention(
+        infos,
+        deployment.name,
+        spec.retention.keep_snapshots,
+        target,
+        [pod.snapshot for pod in pods if pod.snapshot],
+    )
+    deletions = [(identity, observation.snapshots[identity].uid) for identity in doomed]
+    for identity, _ in deletions:
+        snapshot_patches.pop(identity, None)
+        events.append(
+            EventSpec(
+                DEPLOYMENT_KIND, deployment.name, deployment.uid, EventType.NORMAL,
+                SNAPSHOT_RETIRED,
+                f"deleted PolicySnapshot {identity}: older than the last "
+                f"{spec.retention.keep_snapshots} and no replica needs it",
+            )
+        )  # fmt: skip
+    return DeploymentPlan(
+        target=target_plan,
+        status_patch=status_plan.patch,
+        status_material=status_plan.material,
+        snapshot_patches=snapshot_patches,
+        deletions=deletions,
+        events=events,
+        propagated=propagated,
+        verdicts=verdicts,
+    )
+
+
+def _snapshot_events(
+    observed: ObservedSnapshot,
+    changes: Sequence[tuple[Mapping[str, Any] | None, Mapping[str, Any]]],
+    deployment: ObservedDeployment,
+) -> list[EventSpec]:
+    events: list[EventSpec] = []
+    name, uid = observed.info.identity, observed.uid
+    for before, after in changes:
+        status, reason, message = after["status"], after["reason"], after.get("message", "")
+        if after["type"] == CHAIN_VALID and status == "False":
+            text = f"chain broken at {name}: {message}"
+            events.append(EventSpec(SNAPSHOT_KIND, name, uid, EventType.WARNING, reason, text))
+            events.append(
+                EventSpec(
+                    DEPLOYMENT_KIND, deployment.name, deployment.uid, EventType.WARNING, reason,
+                    f"{text}; the target waits for the next Full snapshot",
+                )
+            )  # fmt: skip
+        elif (after["type"] == CHAIN_VALID and status == "Unknown" and before is None) or (
+            after["type"] == READY and status == "True"
+        ):
+            events.append(EventSpec(SNAPSHOT_KIND, name, uid, EventType.NORMAL, reason, message))
+    return events
+
+
+def _deployment_events(
+    changes: Sequence[tuple[Mapping[str, Any] | None, Mapping[str, Any]]],
+    deployment: ObservedDeployment,
+) -> list[EventSpec]:
+    events: list[EventSpec] = []
+    for before, after in changes:
+        if after["type"] != DEGRADED:
+            continue
+        was_degraded = before is not None and before.get("status") == "True"
+        if after["status"] == "False" and was_degraded:
+            events.append(
+                EventSpec(
+                    DEPLOYMENT_KIND, deployment.name, deployment.uid, EventType.NORMAL,
+                    RECOVERED, "no longer degraded: " + str(after.get("message", "")),
+                )
+            )  # fmt: skip
+    return events
+
+
+def _replica_failure_events(
+    desired: Sequence[PodReport], deployment: ObservedDeployment, observation: Observation
+) -> list[EventSpec]:
+    """One Warning per replica that turned Failed for a replica-only reason (its target's
+    ledger did not say so yet)."""
+    target = recorded_ref(deployment.status, "targetSnapshot")
+    observed = observation.snapshots.get(target.identity) if target else None
+    ledger = observed.ledger if observed is not None else {}
+    events = []
+    for pod in desired:
+        if (
+            pod.state is not ReplicaState.FAILED
+            or pod.reason in reason_words.CHAIN_BREAKING_REASONS
+        ):
+            continue  # chain breaks have their own Events, on the snapshot and the deployment
+        recorded = ledger.get(pod.name)
+        if (
+            recorded is not None
+            and recorded.state is ReplicaState.FAILED
+            and (recorded.reason == pod.reason)
+        ):
+            continue
+        events.append(
+            EventSpec(
+                DEPLOYMENT_KIND, deployment.name, deployment.uid, EventType.WARNING,
+                REPLICA_FAILED,
+                f"replica {pod.name} failed on {pod.failed_snapshot or pod.target}: "
+                f"{pod.reason}: {pod.message or ''}".rstrip(": "),
+            )
+        )  # fmt: skip
+    return events

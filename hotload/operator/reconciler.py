@@ -1,0 +1,387 @@
+"""One RolloutDeployment's reconcile loop: observe, plan, execute, repeat.
+
+It runs as the deployment's kopf daemon (so it runs only on the peering leader, and
+stops when the deployment is deleted or the operator pauses). Watch events of the
+deployment, its pods, its owned objects and the namespace's PolicySnapshots update its
+view and poke it (``batching.Wakeup``); it reconciles after the batch window, and at
+least every ``resync_s`` anyway. Each reconcile plans from the whole view
+(``plan.plan_deployment``) and writes only the differences. Its view is seeded by a
+LIST when it starts, after any failed call (an API outage may have hidden deletions),
+and every ``relist_s``: nothing depends on having seen every event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from pydantic import ValidationError
+
+from hotload.api import (
+    ConditionStatus,
+    IncrementalSpec,
+    PolicySnapshotSpec,
+    RolloutDeployment,
+    RolloutDeploymentSpec,
+)
+from hotload.api.conditions import CHAIN_VALID
+from hotload.errors import KubeError, KubeNotFound
+from hotload.operator import conditions as cond
+from hotload.operator.batching import BatchWindows, Wakeup
+from hotload.operator.executor import KubeExecutor
+from hotload.operator.ledger import LedgerEntry
+from hotload.operator.metrics import OperatorMetrics
+from hotload.operator.plan import (
+    DeploymentPlan,
+    Observation,
+    ObservedDeployment,
+    plan_deployment,
+)
+from hotload.operator.pods import PodReport, parse_time, pod_report
+from hotload.operator.rollout import ChainVerdict, SnapshotInfo
+from hotload.operator.snapshot_status import ObservedSnapshot
+from hotload.operator.store import Versioned, VersionedStore, is_newer
+from hotload.operator.workload import label_selector, render_workload
+
+log = logging.getLogger(__name__)
+
+DELETED: Final = "DELETED"
+
+
+@dataclass(frozen=True)
+class ReconcileTiming:
+    windows: BatchWindows = field(default_factory=BatchWindows)
+    resync_s: float = 30.0
+    """Reconcile at least this often, poked or not (level-triggered safety net)."""
+    relist_s: float = 300.0
+    """List pods and snapshots afresh at least this often."""
+    status_interval_s: float = 2.0
+    """Deployment status writes that change only counts or messages wait this long since
+    the last write (every sidecar watches the deployment; target moves never wait)."""
+    retry_initial_s: float = 0.5
+    retry_max_s: float = 30.0
+
+
+def observed_snapshot(body: Mapping[str, Any]) -> ObservedSnapshot | None:
+    """A PolicySnapshot body as the planners see it; None when its spec is not ours to read."""
+    metadata = body.get("metadata") or {}
+    try:
+        spec = PolicySnapshotSpec.model_validate(body.get("spec") or {})
+    except ValidationError:
+        log.warning(
+            "PolicySnapshot with an unreadable spec ignored",
+            extra={"namespace": metadata.get("namespace"), "snapshot": metadata.get("name")},
+        )
+        return None
+    status: Mapping[str, Any] = body.get("status") or {}
+    incremental: IncrementalSpec | None = spec.incremental
+    recorded = cond.find(status.get("conditions") or [], CHAIN_VALID)
+    verdict = None
+    if recorded is not None:
+        try:
+            verdict = ChainVerdict(
+                ConditionStatus(str(recorded.get("status"))),
+                str(recorded.get("reason") or ""),
+                str(recorded.get("message") or ""),
+            )
+        except ValueError:
+            verdict = None
+    info = SnapshotInfo(
+        identity=spec.identity,
+        deployment=spec.deployment_ref.name,
+        step=spec.step,
+        kind=spec.kind,
+        previous=incremental.previous_identity if incremental else None,
+        compression_format=incremental.compression_format if incremental else None,
+        checksum_format=incremental.checksum_format if incremental else None,
+        kv_cache_policy=spec.kv_cache_policy,
+        recorded=verdict,
+    )
+    ledger = {
+        name: entry
+        for name, raw in (status.get("replicas") or {}).items()
+        if isinstance(raw, Mapping) and (entry := LedgerEntry.from_wire(raw)) is not None
+    }
+    return ObservedSnapshot(
+        info=info,
+        uid=metadata.get("uid") or "",
+        created=parse_time(metadata.get("creationTimestamp")),
+        generation=metadata.get("generation"),
+        status=status,
+        ledger=ledger,
+    )
+
+
+class DeploymentReconciler:
+    """Keeps one RolloutDeployment's workload and statuses equal to what its plan says."""
+
+    def __init__(
+        self,
+        namespace: str,
+        name: str,
+        executor: KubeExecutor,
+        metrics: OperatorMetrics,
+        timing: ReconcileTiming,
+        sidecar_cluster_role: str,
+    ) -> None:
+        self.namespace = namespace
+        self.name = name
+        self._executor = executor
+        self._metrics = metrics
+        self._timing = timing
+        self._cluster_role = sidecar_cluster_role
+        self.wakeup = Wakeup(timing.windows)
+        self._deployment: dict[str, Any] | None = None
+        self._deployment_version = ""
+        self._spec: RolloutDeploymentSpec | None = None
+        self._spec_generation: int | None = None
+        self._pods: VersionedStore[PodReport] = VersionedStore()
+        self._snapshots: VersionedStore[ObservedSnapshot] = VersionedStore()
+        self._workload_dirty = True
+        self._seeded = False
+        self._last_status_write = 0.0
+        self._deferred = False
+        self._owned_generations: dict[tuple[str, str], int | None] = {}
+        self.reconciles = 0
+
+    def _context(self, **extra: Any) -> dict[str, Any]:
+        return {"namespace": self.namespace, "deployment": self.name, **extra}
+
+    # --- events from kopf handlers ------------------------------------------------------
+
+    def on_deployment(self, body: Mapping[str, Any], *, poke: bool = True) -> None:
+        metadata = body.get("metadata") or {}
+        version = str(metadata.get("resourceVersion") or "")
+        if (
+            self._deployment is not None
+            and self._deployment_version
+            and (
+                version == self._deployment_version
+                or not is_newer(version, self._deployment_version)
+            )
+        ):
+            return
+        generation = metadata.get("generation")
+        urgent = generation != self._spec_generation
+        self._deployment = {"metadata": dict(metadata), "spec": body.get("spec") or {},
+                            "status": dict(body.get("status") or {})}  # fmt: skip
+        self._deployment_version = version
+        if urgent:
+            self._workload_dirty = True
+        if poke:
+            self.wakeup.poke(urgent=urgent)
+
+    def on_pod(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        report = pod_report(body)
+        if report is None or report.deployment != self.name:
+            return
+        if event_type == DELETED:
+            changed = self._pods.delete(report.name, report.uid, report.resource_version)
+        else:
+            changed = self._pods.upsert(report.name, report.uid, report.resource_version, report)
+        if changed:
+            self.wakeup.poke()
+
+    def on_snapshot(
+        self, event_type: str | None, body: Mapping[str, Any], *, poke: bool = True
+    ) -> None:
+        metadata = body.get("metadata") or {}
+        name = metadata.get("name") or ""
+        uid = metadata.get("uid") or ""
+        version = str(metadata.get("resourceVersion") or "")
+        if event_type == DELETED:
+            if self._snapshots.delete(name, uid, version):
+                self.wakeup.poke(urgent=True)
+            return
+        observed = observed_snapshot(body)
+        if observed is None:
+            return
+        is_new = self._snapshots.get(name) is None
+        if self._snapshots.upsert(name, uid, version, observed) and poke:
+            self.wakeup.poke(urgent=is_new)
+
+    def on_owned(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """An owned object changed: re-apply when its spec moved or it was deleted."""
+        metadata = body.get("metadata") or {}
+        key = (str(body.get("kind") or ""), str(metadata.get("name") or ""))
+        generation = metadata.get("generation")
+        if event_type == DELETED or self._owned_generations.get(key, -1) != generation:
+            self._owned_generations[key] = generation if event_type != DELETED else None
+            self._workload_dirty = True
+            self.wakeup.poke()
+
+    # --- the loop -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Reconcile until cancelled (kopf cancels it when the daemon stops)."""
+        delay = self._timing.retry_initial_s
+        last_list = 0.0
+        log.info("reconciler started", extra=self._context())
+        while True:
+            try:
+                if not self._seeded or time.monotonic() - last_list > self._timing.relist_s:
+                    await self._seed()
+                    last_list = time.monotonic()
+                await self.reconcile()
+                delay = self._timing.retry_initial_s
+            except Exception as err:  # a reconciler never dies: it logs and retries
+                self._seeded = False
+                self._workload_dirty = True
+                reason = err.reason if isinstance(err, KubeError) else type(err).__name__
+                self._metrics.reconcile_errors.labels(self.namespace, self.name, reason).inc()
+                log.warning(
+                    "reconcile failed, retrying",
+                    exc_info=not isinstance(err, KubeError),
+                    extra=self._context(error=str(err), retry_in_s=round(delay, 2)),
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._timing.retry_max_s)
+                continue
+            await self.wakeup.wait(self._timing.resync_s)
+
+    async def _seed(self) -> None:
+        pods = await self._executor.list_pods(self.namespace, label_selector(self.name))
+        listed_pods: dict[str, Versioned[PodReport]] = {}
+        for item in pods.get("items") or []:
+            report = pod_report(item)
+            if report is not None and report.deployment == self.name:
+                listed_pods[report.name] = Versioned(report.uid, report.resource_version, report)
+        self._pods.reseed(listed_pods, str((pods.get("metadata") or {}).get("resourceVersion")))
+        snapshots = await self._executor.list_snapshots(self.namespace)
+        listed: dict[str, Versioned[ObservedSnapshot]] = {}
+        for item in snapshots.get("items") or []:
+            observed = observed_snapshot(item)
+            if observed is not None:
+                version = str(item["metadata"].get("resourceVersion") or "")
+                listed[observed.info.identity] = Versioned(observed.uid, version, observed)
+        self._snapshots.reseed(
+            listed, str((snapshots.get("metadata") or {}).get("resourceVersion"))
+        )
+        self._seeded = True
+        log.debug(
+            "view seeded",
+            extra=self._context(pods=len(self._pods), snapshots=len(self._snapshots)),
+        )
+
+    def _deployment_model(self) -> RolloutDeployment | None:
+        body = self._deployment
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None
+        generation = body["metadata"].get("generation")
+        if self._spec is None or generation != self._spec_generation:
+            try:
+                self._spec = RolloutDeploymentSpec.model_validate(body["spec"])
+            except ValidationError as err:
+                log.error(
+                    "RolloutDeployment spec is invalid; not reconciling it",
+                    extra=self._context(error=str(err)),
+                )
+                return None
+            self._spec_generation = generation
+        return RolloutDeployment(metadata=body["metadata"], spec=self._spec)
+
+    async def reconcile(self) -> DeploymentPlan | None:
+        """One pass: apply the workload if it may differ, then plan and write statuses."""
+        deployment = self._deployment_model()
+        if deployment is None or self._deployment is None:
+            return None
+        started = time.perf_counter()
+        self.reconciles += 1
+        if self._workload_dirty:
+            self._workload_dirty = False
+            try:
+                for manifest in render_workload(deployment, self._cluster_role):
+                    manifest["metadata"].setdefault("namespace", self.namespace)
+                    await self._executor.apply(manifest)
+            except KubeError:
+                self._workload_dirty = True
+                raise
+        observation = Observation(
+            deployment=ObservedDeployment(
+                name=self.name,
+                namespace=self.namespace,
+                uid=str(deployment.metadata.get("uid") or ""),
+                generation=deployment.metadata.get("generation"),
+                spec=deployment.spec,
+                status=self._deployment["status"],
+            ),
+            pods=self._pods.values(),
+            snapshots=dict(self._snapshots.items()),
+        )
+        plan = plan_deployment(observation, datetime.now(UTC))
+        await self._execute(plan, observation)
+        self._metrics.reconcile_seconds.labels(self.namespace, self.name).observe(
+            time.perf_counter() - started
+        )
+        return plan
+
+    async def _execute(self, plan: DeploymentPlan, observation: Observation) -> None:
+        # A break is recorded on its snapshot first: that record outlives the pod's report.
+        breaking = [i for i in plan.snapshot_patches if plan.verdicts[i].broken]
+        for identity in breaking:
+            await self._write_snapshot(identity, plan.snapshot_patches[identity])
+        await self._write_deployment_status(plan)
+        for identity, patch in plan.snapshot_patches.items():
+            if identity not in breaking:
+                await self._write_snapshot(identity, patch)
+        for identity, uid in plan.deletions:
+            with contextlib.suppress(KubeNotFound):
+                await self._executor.delete_snapshot(self.namespace, identity, uid)
+            self._snapshots.delete(identity, uid, "")
+        for identity, seconds in plan.propagated:
+            self._metrics.propagation_seconds.labels(self.namespace, self.name).observe(seconds)
+            log.info(
+                "snapshot propagated",
+                extra=self._context(snapshot=identity, seconds=round(seconds, 3)),
+            )
+        if plan.target.move.value not in ("None", "Refresh") and plan.target.target is not None:
+            log.info(
+                "target moved",
+                extra=self._context(
+                    snapshot=plan.target.target.identity, move=plan.target.move.value
+                ),
+            )
+        for event in plan.events:
+            try:
+                await self._executor.emit(self.namespace, event)
+            except KubeError as err:
+                log.warning("could not emit an Event", extra=self._context(error=str(err)))
+        counts: dict[str, int] = {}
+        for pod in observation.pods:
+            if pod.is_desired(observation.deployment.spec.replicas):
+                key = pod.state.value if pod.state else "Pending"
+                counts[key] = counts.get(key, 0) + 1
+        self._metrics.set_replicas(self.namespace, self.name, counts)
+
+    async def _write_snapshot(self, identity: str, patch: Mapping[str, Any]) -> None:
+        try:
+            body = await self._executor.patch_snapshot_status(self.namespace, identity, patch)
+        except KubeNotFound:
+            observed = self._snapshots.get(identity)
+            if observed is not None:
+                self._snapshots.delete(identity, observed.uid, "")
+            return
+        self.on_snapshot(None, body, poke=False)
+
+    async def _write_deployment_status(self, plan: DeploymentPlan) -> None:
+        if plan.status_patch is None:
+            self._deferred = False
+            return
+        since = time.monotonic() - self._last_status_write
+        if not plan.status_material and since < self._timing.status_interval_s:
+            if not self._deferred:
+                self._deferred = True
+                self.wakeup.poke_later(self._timing.status_interval_s - since)
+            return
+        body = await self._executor.patch_deployment_status(
+            self.namespace, self.name, plan.status_patch
+        )
+        self._last_status_write = time.monotonic()
+        self._deferred = False
+        self.on_deployment(body, poke=False)

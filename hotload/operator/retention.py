@@ -1,0 +1,49 @@
+"""Which PolicySnapshot objects of a deployment may go: a pure function.
+
+Kept: the newest ``keepSnapshots`` (by step, a Full outranking a delta at the same
+step), everything newer than the target (it may still become the target), and for the
+target and every snapshot a replica serves, its whole chain back to the Full it starts
+from (a replica that restarts or falls behind replays from there; the publisher's
+``hotload gc`` keeps the bucket data of what the regions keep). Everything else is
+deleted, objects only: the bucket belongs to the publisher.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from hotload.api import SnapshotRef
+from hotload.operator.rollout import SnapshotInfo, snapshot_order
+
+
+def chain_back_to_full(identity: str, snapshots: Mapping[str, SnapshotInfo]) -> set[str]:
+    """``identity`` and every previous link that exists, back to its Full."""
+    chain: set[str] = set()
+    current = snapshots.get(identity)
+    while current is not None and current.identity not in chain:
+        chain.add(current.identity)
+        current = snapshots.get(current.previous) if current.previous else None
+    return chain
+
+
+def plan_retention(
+    snapshots: Mapping[str, SnapshotInfo],
+    deployment: str,
+    keep: int,
+    target: SnapshotRef | None,
+    served: Iterable[str],
+) -> list[str]:
+    """Identities of this deployment's snapshots to delete, oldest first."""
+    ours = sorted(
+        (info for info in snapshots.values() if info.deployment == deployment),
+        key=lambda info: info.order,
+    )
+    kept = {info.identity for info in ours[-keep:]} if keep > 0 else set()
+    needed = [*served]
+    if target is not None:
+        needed.append(target.identity)
+        floor = snapshot_order(target.step, target.kind)
+        kept |= {info.identity for info in ours if info.order > floor}
+    for identity in needed:
+        kept |= chain_back_to_full(identity, snapshots)
+    return [info.identity for info in ours if info.identity not in kept]

@@ -1,0 +1,99 @@
+"""Run the operator in this process: kopf's reactor, our reconcilers, our endpoints.
+
+The ``hotload operator`` shell builds :class:`OperatorOptions` from its flags and the
+pod's environment and calls :func:`run_operator`; nothing below it reads ``os.environ``
+except kopf's own login (``KUBECONFIG``, else the in-cluster service account).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any, cast
+
+import kopf
+
+from hotload.kube import async_api_client
+from hotload.operator.endpoints import start_endpoints
+from hotload.operator.executor import KubeExecutor
+from hotload.operator.fleet import Fleet
+from hotload.operator.handlers import build_registry
+from hotload.operator.metrics import OperatorMetrics
+from hotload.operator.options import OperatorOptions
+from hotload.operator.reconciler import ReconcileTiming
+from hotload.operator.workload import SIDECAR_CLUSTER_ROLE
+
+log = logging.getLogger(__name__)
+
+#: Attributes kopf adds to its records that are not for humans (its whole settings object).
+_KOPF_NOISE = ("settings", "k8s_skip")
+
+
+class _KopfRecordFilter(logging.Filter):
+    """Keep kopf's records to what matters: the object they are about, not its settings."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name in _KOPF_NOISE:
+            record.__dict__.pop(name, None)
+        ref = record.__dict__.pop("k8s_ref", None)
+        if isinstance(ref, dict):
+            record.__dict__["object"] = (
+                f"{ref.get('kind')}/{ref.get('namespace')}/{ref.get('name')}"
+            )
+        return True
+
+
+def quiet_kopf_logs() -> None:
+    """kopf logs every handler call at INFO: keep its object logs to warnings, its own lean."""
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, _KopfRecordFilter) for f in handler.filters):
+            handler.addFilter(_KopfRecordFilter())
+
+
+async def operate(
+    options: OperatorOptions,
+    kubeconfig: Path | None,
+    *,
+    timing: ReconcileTiming | None = None,
+    stop_flag: asyncio.Event | None = None,
+) -> None:
+    """Run until stopped (SIGTERM/SIGINT, or ``stop_flag``)."""
+    quiet_kopf_logs()
+    metrics = OperatorMetrics()
+    api = await async_api_client(kubeconfig)
+    identity = options.identity or "hotload-operator"
+    executor = KubeExecutor(api, metrics, identity)
+    fleet = Fleet(executor, metrics, timing or ReconcileTiming(), SIDECAR_CLUSTER_ROLE)
+    registry = build_registry(fleet, options)
+    endpoints = await start_endpoints(options.host, options.port, metrics, lambda: len(fleet))
+    log.info(
+        "operator starting",
+        extra={
+            "namespaces": list(options.namespaces) or "all",
+            "peering": options.peering or ("standalone" if options.standalone else "auto"),
+            "priority": options.priority,
+            "identity": identity,
+            "endpoints": f"{options.host or '0.0.0.0'}:{options.port}",
+        },
+    )
+    try:
+        await kopf.operator(
+            registry=registry,
+            clusterwide=options.cluster_wide,
+            namespaces=list(options.namespaces),
+            standalone=True if options.standalone else None,
+            peering_name=options.peering,
+            priority=options.priority,
+            identity=cast(Any, options.identity),
+            stop_flag=stop_flag,
+        )
+    finally:
+        await endpoints.cleanup()
+        await api.close()
+        log.info("operator stopped")
+
+
+def run_operator(options: OperatorOptions, kubeconfig: Path | None) -> None:
+    asyncio.run(operate(options, kubeconfig))

@@ -1,0 +1,175 @@
+"""One region's part of one publish: catch up on what it missed, upload, apply, wait.
+
+Each region runs its own ``RegionRun`` concurrently with the others; whatever happens in
+one (its apiserver down, its bucket refusing writes) ends as that region's result and
+never reaches another. Snapshots reach a region in publish order: while older ones are
+pending there, a new one queues behind them and goes out with them once the region
+answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hotload.api import PolicySnapshot
+from hotload.api import reasons as api_reasons
+from hotload.errors import HotloadError, PublishConflict
+from hotload.publish.observer import Phase, PublishObserver
+from hotload.publish.region_client import RegionBucket, RegionClient, SnapshotState
+from hotload.publish.results import RegionOutcome, RegionResult
+from hotload.publish.state import PendingSnapshot
+from hotload.snapshot.publish import UploadReport
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.5
+
+Upload = Callable[[PendingSnapshot, Phase], Awaitable[UploadReport | None]]
+"""Put a snapshot into the bucket this region reads (None when another region's upload to
+the same bucket did it). Raises a HotloadError on failure."""
+
+
+@dataclass(frozen=True)
+class WaitSettings:
+    enabled: bool
+    timeout_s: float
+    unreachable_after_s: float
+    """A region whose apiserver stops answering for this long during a wait is left."""
+
+
+@dataclass
+class RegionRun:
+    client: RegionClient
+    bucket: RegionBucket | None
+    pending: list[PendingSnapshot]
+    """This region's queue, oldest first (mutated in place: it is the publisher's state)."""
+    upload: Upload
+    observer: PublishObserver
+    started: float
+    """``time.monotonic()`` when the publish was called."""
+    wait: WaitSettings
+    delivered: list[str] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)
+    reports: dict[str, UploadReport] = field(default_factory=dict)
+
+    @property
+    def context(self) -> str:
+        return self.client.context
+
+    async def drain(self, current: str | None = None) -> str | None:
+        """Deliver the queue in order; the error that stopped it (None: all delivered)."""
+        if self.pending and self.bucket is None:
+            return "the region's RolloutDeployment could not be read"
+        while self.pending:
+            head = self.pending[0]
+            catching_up = head.identity != current
+            try:
+                if not head.uploaded:
+                    phase = Phase.CATCHING_UP if catching_up else Phase.UPLOADING
+                    report = await self.upload(head, phase)
+                    if report is not None:
+                        self.reports[head.identity] = report
+                    head.uploaded = True
+                self.observer.region_progress(
+                    self.context, Phase.CATCHING_UP if catching_up else Phase.APPLYING
+                )
+                snapshot = PolicySnapshot.model_validate(head.manifest)
+                await asyncio.to_thread(self.client.apply, snapshot)
+            except PublishConflict as err:
+                # That identity is taken for good here: this region never gets it.
+                log.error(
+                    "snapshot refused by region",
+                    extra={"context": self.context, "snapshot": head.identity},
+                )
+                self.refused[head.identity] = str(err)
+            except HotloadError as err:
+                return str(err)
+            else:
+                self.delivered.append(head.identity)
+            self.pending.pop(0)
+        return None
+
+    async def run(self, item: PendingSnapshot) -> RegionResult:
+        """Deliver ``item`` after anything older still queued here; wait if asked."""
+        self.pending.append(item)
+        error = await self.drain(current=item.identity)
+        caught_up = [name for name in self.delivered if name != item.identity]
+        if error is not None:
+            return self._result(RegionOutcome.PENDING, caught_up, error=error)
+        if item.identity in self.refused:
+            return self._result(RegionOutcome.FAILED, caught_up, error=self.refused[item.identity])
+        report = self.reports.get(item.identity)
+        base: dict[str, Any] = {
+            "uploaded_bytes": report.bytes if report else 0,
+            "upload_seconds": round(report.seconds, 3) if report else None,
+            "applied_seconds": round(time.monotonic() - self.started, 3),
+        }
+        if not self.wait.enabled:
+            return self._result(RegionOutcome.APPLIED, caught_up, **base)
+        return await self._wait(item.identity, caught_up, base)
+
+    async def _wait(
+        self, identity: str, caught_up: list[str], base: dict[str, Any]
+    ) -> RegionResult:
+        deadline = self.started + self.wait.timeout_s
+        silent_since: float | None = None
+        last = SnapshotState(exists=True)
+        while True:
+            now = time.monotonic()
+            try:
+                last = await asyncio.to_thread(self.client.snapshot_state, identity)
+                silent_since = None
+            except HotloadError as err:
+                silent_since = silent_since or now
+                if now - silent_since > self.wait.unreachable_after_s:
+                    return self._result(
+                        RegionOutcome.TIMED_OUT,
+                        caught_up,
+                        error=f"the region stopped answering while rolling out: {err}",
+                        **base,
+                    )
+            counts = {
+                "ready_replicas": last.ready_replicas,
+                "desired_replicas": last.desired_replicas,
+            }
+            self.observer.region_progress(
+                self.context, Phase.ROLLING, last.ready_replicas, last.desired_replicas
+            )
+            if last.chain_valid is False:
+                error = f"{last.chain_reason}: {last.chain_message}"
+                return self._result(
+                    RegionOutcome.CHAIN_BROKEN, caught_up, error=error, **base, **counts
+                )
+            if last.ready:
+                outcome = (
+                    RegionOutcome.SUPERSEDED
+                    if last.ready_reason == api_reasons.SUPERSEDED
+                    else RegionOutcome.READY
+                )
+                ready_s = round(now - self.started, 3)
+                return self._result(outcome, caught_up, ready_seconds=ready_s, **base, **counts)
+            if now > deadline:
+                error = f"not Ready within {self.wait.timeout_s:.0f} s"
+                return self._result(
+                    RegionOutcome.TIMED_OUT, caught_up, error=error, **base, **counts
+                )
+            await asyncio.sleep(POLL_S)
+
+    def _result(self, outcome: RegionOutcome, caught_up: list[str], **fields: Any) -> RegionResult:
+        result = RegionResult.model_validate(
+            {
+                "context": self.context,
+                "outcome": outcome,
+                "bucket_url": self.bucket.bucket_url if self.bucket else None,
+                "caught_up": caught_up,
+                "pending": [item.identity for item in self.pending],
+                **fields,
+            }
+        )
+        self.observer.region_done(self.context, result)
+        return result

@@ -1,0 +1,105 @@
+"""What one publish did, per region: the answer ``hotload publish -o json`` prints.
+
+Every region gets its own result, whatever happened elsewhere: one region failing never
+hides or blocks the others' outcome.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from hotload.api import SnapshotKind
+
+
+class RegionOutcome(StrEnum):
+    """How a snapshot ended in one region."""
+
+    READY = "Ready"
+    """Every desired replica serves it (Ready, reason Rolled)."""
+    SUPERSEDED = "Superseded"
+    """Ready because every replica already serves a newer snapshot."""
+    APPLIED = "Applied"
+    """Uploaded and applied; not waited on."""
+    CHAIN_BROKEN = "ChainBroken"
+    """The region's operator marked it ChainValid=False: a Full follows."""
+    TIMED_OUT = "TimedOut"
+    """Applied, but not Ready within the wait's deadline."""
+    PENDING = "Pending"
+    """Not applied yet (the region did not answer): kept, and applied in order with the
+    next publish or ``Publisher.flush``."""
+    FAILED = "Failed"
+    """Refused for good (e.g. a snapshot of that name with another spec exists)."""
+
+    @property
+    def ok(self) -> bool:
+        return self in (RegionOutcome.READY, RegionOutcome.SUPERSEDED, RegionOutcome.APPLIED)
+
+
+class ResultModel(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, frozen=True, extra="forbid"
+    )
+
+
+class RegionResult(ResultModel):
+    """One region's part of a publish."""
+
+    context: str
+    """The kube context of the region."""
+    outcome: RegionOutcome
+    bucket_url: str | None = None
+    """The region's bucket (from its RolloutDeployment), once known."""
+    uploaded_bytes: int = 0
+    """Bytes this publish wrote to this region's bucket (0 when replication copies them)."""
+    upload_seconds: float | None = None
+    applied_seconds: float | None = None
+    """From the start of the publish until the PolicySnapshot was applied here."""
+    ready_seconds: float | None = None
+    """From the start of the publish until the region's Ready condition turned True."""
+    ready_replicas: int | None = None
+    desired_replicas: int | None = None
+    caught_up: list[str] = Field(default_factory=list)
+    """Earlier snapshots this region had missed, applied before this one."""
+    pending: list[str] = Field(default_factory=list)
+    """Snapshots still waiting to be applied here (this one included when PENDING)."""
+    error: str | None = None
+    """What went wrong, when something did."""
+
+
+class PublishResult(ResultModel):
+    """One snapshot, published: what it is and what every region did with it."""
+
+    identity: str
+    step: int
+    kind: SnapshotKind
+    previous: str | None = None
+    why: str
+    """Why this kind: ``first``, ``cadence``, ``requested``, ``chain-broken``, ``lora``,
+    ``delta`` (an Incremental against the previous snapshot)."""
+    stored_bytes: int
+    """Bytes of every file the snapshot stores (the manifest included)."""
+    full_bytes: int
+    """Bytes of the full weights' tensor data."""
+    blocked_seconds: float
+    """How long the caller (the training step) was blocked: the copy of its weights."""
+    encode_seconds: float
+    seconds: float
+    """From the call until every region's outcome was known."""
+    regions: dict[str, RegionResult]
+    fallback: PublishResult | None = None
+    """The automatic Full published because a region broke this snapshot's chain."""
+
+    @property
+    def ratio(self) -> float:
+        """Full tensor bytes / stored bytes (CONTRACTS.md's compression ratio)."""
+        return self.full_bytes / self.stored_bytes if self.stored_bytes else 0.0
+
+    @property
+    def ok(self) -> bool:
+        """Every region ended Ready, Superseded or Applied (or the fallback Full did)."""
+        if self.fallback is not None:
+            return self.fallback.ok
+        return all(region.outcome.ok for region in self.regions.values())

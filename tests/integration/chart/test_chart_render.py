@@ -1,0 +1,182 @@
+"""The chart as helm renders it: lint-clean, values checked by its schema, the operator pod
+that the pod contract and `hotload operator` expect, and RBAC scoped by the watched
+namespaces. Real helm, no cluster.
+
+It would catch a chart that lints with warnings, a typo in values slipping through, the
+operator started without peering or without its pod UID, probes on a port it does not
+serve, the sidecar ClusterRole drifting from hotload.api's rules, and cluster-wide rights
+granted where Roles in the watched namespaces would do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hotload.api.pod import SIDECAR_RBAC_RULES
+from hotload.local.chart import ChartRelease, chart_path
+from hotload.operator.workload import SIDECAR_CLUSTER_ROLE
+from tests.integration.chart.rendering import Manifest, find, helm, one, render
+
+#: What the operator may do in the namespaces it watches (docs/chart.md says why).
+NAMESPACED_RESOURCES = {
+    "rolloutdeployments", "policysnapshots", "rolloutdeployments/status",
+    "policysnapshots/status", "pods", "statefulsets", "services", "serviceaccounts",
+    "rolebindings", "clusterroles", "events",
+}  # fmt: skip
+
+
+def _container(objects: list[Manifest]) -> Manifest:
+    deployment = one(objects, "Deployment", "hotload-operator")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _resources(rules: list[dict[str, Any]]) -> set[str]:
+    return {resource for rule in rules for resource in rule.get("resources", [])}
+
+
+def test_lint_is_clean_with_strict_checks(tmp_path: Path) -> None:
+    done = helm("lint", "--strict", str(chart_path()), tmp=tmp_path)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 chart(s) failed" in done.stdout
+    assert "[WARNING]" not in done.stdout and "[ERROR]" not in done.stdout
+
+
+def test_operator_runs_hotload_operator_with_peering_and_its_pod_identity(tmp_path: Path) -> None:
+    objects = render(tmp_path)
+    deployment = one(objects, "Deployment", "hotload-operator")
+    container = _container(objects)
+
+    assert deployment["spec"]["replicas"] == 2
+    assert container["command"] == ["hotload", "operator"]
+    assert container["args"] == [
+        "--all-namespaces", "--peering", "hotload", "--port", "8080", "--log-format", "json",
+    ]  # fmt: skip
+    env = {
+        e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        for e in container["env"]
+    }
+    assert env["POD_UID"] == "metadata.uid", "kopf priority comes from the pod UID"
+    assert env["POD_IP"] == "status.podIP", "the operator binds $POD_IP:8080"
+    assert env["POD_NAME"] == env["POD_ID"] == "metadata.name"
+    assert one(objects, "ClusterKopfPeering", "hotload")["apiVersion"] == "kopf.dev/v1"
+    assert find(objects, "CustomResourceDefinition", "clusterkopfpeerings.kopf.dev")
+
+
+def test_probes_ask_the_operators_health_endpoint_on_its_port(tmp_path: Path) -> None:
+    container = _container(render(tmp_path))
+
+    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}, probe
+
+
+def test_watched_namespaces_become_operator_arguments(tmp_path: Path) -> None:
+    container = _container(render(tmp_path, {"watchNamespaces": ["hl-*", "team-a"]}))
+
+    assert container["args"][:4] == ["--namespace", "hl-*", "--namespace", "team-a"]
+    assert "--all-namespaces" not in container["args"]
+
+
+def test_globs_need_a_cluster_role_for_the_namespaced_rights(tmp_path: Path) -> None:
+    objects = render(tmp_path, {"watchNamespaces": ["hl-*"]})
+
+    cluster_role = one(objects, "ClusterRole", "hotload-operator-cluster")
+    assert _resources(cluster_role["rules"]) >= NAMESPACED_RESOURCES
+    assert not find(objects, "Role")
+
+
+def test_plain_namespace_names_get_roles_there_and_nothing_cluster_wide(tmp_path: Path) -> None:
+    objects = render(tmp_path, {"watchNamespaces": ["team-a", "team-b"]})
+
+    cluster_role = one(objects, "ClusterRole", "hotload-operator-cluster")
+    assert _resources(cluster_role["rules"]) == {
+        "customresourcedefinitions", "namespaces", "clusterkopfpeerings",
+    }  # fmt: skip
+    roles = find(objects, "Role", "hotload-operator")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for role in roles:
+        assert _resources(role["rules"]) == NAMESPACED_RESOURCES
+    bindings = find(objects, "RoleBinding", "hotload-operator")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for binding in bindings:
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "hotload-operator", "namespace": "hotload-system"}
+        ]
+
+
+def test_operator_never_writes_pods_and_binds_only_the_sidecar_role(tmp_path: Path) -> None:
+    rules = one(render(tmp_path), "ClusterRole", "hotload-operator-cluster")["rules"]
+
+    pod_verbs = {v for r in rules if "pods" in r.get("resources", []) for v in r["verbs"]}
+    assert pod_verbs == {"get", "list", "watch"}
+    (bind,) = [r for r in rules if "clusterroles" in r.get("resources", [])]
+    assert bind["verbs"] == ["bind"]
+    assert bind["resourceNames"] == [SIDECAR_CLUSTER_ROLE]
+    for rule in rules:
+        assert "*" not in rule["verbs"] and "*" not in rule.get("resources", [])
+        assert "secrets" not in rule.get("resources", [])
+
+
+def test_sidecar_cluster_role_is_the_apis_sidecar_rules(tmp_path: Path) -> None:
+    role = one(render(tmp_path), "ClusterRole", SIDECAR_CLUSTER_ROLE)
+
+    assert role["rules"] == [dict(rule) for rule in SIDECAR_RBAC_RULES]
+
+
+def test_admission_policy_is_bound_and_enforced(tmp_path: Path) -> None:
+    objects = render(tmp_path)
+
+    policy = one(objects, "ValidatingAdmissionPolicy", "hotload-sidecar-own-pod")
+    binding = one(objects, "ValidatingAdmissionPolicyBinding", "hotload-sidecar-own-pod")
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert binding["spec"]["policyName"] == "hotload-sidecar-own-pod"
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["pods", "pods/status"] and rule["operations"] == ["UPDATE"]
+
+
+def test_metrics_service_and_optional_service_monitor(tmp_path: Path) -> None:
+    default = render(tmp_path)
+    service = one(default, "Service", "hotload-operator-metrics")
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    assert service["spec"]["selector"]["app.kubernetes.io/component"] == "operator"
+    assert not find(default, "ServiceMonitor")
+
+    monitored = render(tmp_path, {"metrics": {"serviceMonitor": {"enabled": True}}})
+    monitor = one(monitored, "ServiceMonitor", "hotload-operator")
+    assert monitor["spec"]["endpoints"][0]["port"] == "http-metrics"
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
+@pytest.mark.parametrize("release", ["hotload", "blue", "hotload-canary"])
+def test_the_local_installer_names_the_deployment_as_the_chart_does(
+    tmp_path: Path, release: str
+) -> None:
+    objects = render(tmp_path, release=release)
+
+    assert find(objects, "Deployment", ChartRelease(release=release).operator_deployment)
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"watchNamespace": ["hl-*"]}, "watchNamespace"),
+        ({"operator": {"replicas": 0}}, "replicas"),
+        ({"watchNamespaces": ["Bad_Name"]}, "watchNamespaces"),
+        ({"admissionPolicy": {"validationActions": ["Block"]}}, "validationActions"),
+        ({"operator": {"logFormat": "xml"}}, "logFormat"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
+    ],
+)
+def test_schema_refuses_bad_values_naming_the_field(
+    tmp_path: Path, values: dict[str, Any], complaint: str
+) -> None:
+    done = helm("template", "hotload", str(chart_path()), values=values, tmp=tmp_path)
+
+    assert done.returncode != 0
+    assert complaint in done.stderr, done.stderr

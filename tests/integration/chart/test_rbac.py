@@ -1,0 +1,191 @@
+"""Least privilege, proven on the real apiserver with the chart installed by helm.
+
+`kubectl auth can-i` (impersonating each ServiceAccount) answers for every verb the operator
+and a sidecar need, and for the ones they must not have. It would catch a rule widened by
+accident (pods writable by the operator, secrets readable, any ClusterRole bindable, a
+sidecar able to list pods or edit its deployment) and a rule the operator needs but lost.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, cast
+
+import pytest
+from kubernetes import client as k8s
+
+from hotload.local import LocalRegions
+from tests.fixtures.cluster import SESSION_CHART, Kubectl
+
+pytestmark = pytest.mark.cluster
+
+OPERATOR = f"system:serviceaccount:{SESSION_CHART.namespace}:{SESSION_CHART.operator_deployment}"
+#: The namespace the can-i questions are asked about: one the session's operator watches.
+WATCHED = "hl-any"
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One `kubectl auth can-i` question: ``verb resource[/name]`` in a namespace."""
+
+    verb: str
+    resource: str
+    namespace: str | None = WATCHED
+    subresource: str | None = None
+
+    def argv(self, subject: str) -> list[str]:
+        argv = ["auth", "can-i", self.verb, self.resource, f"--as={subject}"]
+        # A cluster-scoped question is asked with no namespace at all (-A), never "default".
+        argv += ["-n", self.namespace] if self.namespace else ["--all-namespaces"]
+        argv += [f"--subresource={self.subresource}"] if self.subresource else []
+        return argv
+
+    def __str__(self) -> str:
+        sub = f"/{self.subresource}" if self.subresource else ""
+        return f"{self.verb} {self.resource}{sub} in {self.namespace or 'the cluster'}"
+
+
+OPERATOR_MAY = [
+    *(Ask(v, "rolloutdeployments.hotload.dev") for v in ("get", "list", "watch", "patch")),
+    *(Ask(v, "policysnapshots.hotload.dev") for v in ("get", "list", "watch", "delete")),
+    Ask("patch", "rolloutdeployments.hotload.dev", subresource="status"),
+    Ask("patch", "policysnapshots.hotload.dev", subresource="status"),
+    *(Ask(v, "pods") for v in ("get", "list", "watch")),
+    *(Ask(v, "statefulsets.apps") for v in ("get", "list", "watch", "create", "patch")),
+    *(Ask(v, "services") for v in ("get", "list", "watch", "create", "patch")),
+    *(Ask(v, "serviceaccounts") for v in ("get", "list", "watch", "create", "patch")),
+    *(Ask(v, "rolebindings.rbac.authorization.k8s.io") for v in ("get", "create", "patch")),
+    Ask("create", "events"),
+    Ask("list", "namespaces", namespace=None),
+    Ask("watch", "customresourcedefinitions.apiextensions.k8s.io", namespace=None),
+    Ask("watch", "clusterkopfpeerings.kopf.dev", namespace=None),
+    Ask("patch", "clusterkopfpeerings.kopf.dev/hotload", namespace=None),
+]
+OPERATOR_MAY_NOT = [
+    *(Ask(v, "pods") for v in ("create", "update", "patch", "delete")),
+    Ask("patch", "pods", subresource="status"),
+    Ask("create", "pods", subresource="exec"),
+    *(Ask(v, "secrets") for v in ("get", "list")),
+    Ask("get", "configmaps"),
+    Ask("create", "rolloutdeployments.hotload.dev"),
+    Ask("delete", "rolloutdeployments.hotload.dev"),
+    Ask("create", "policysnapshots.hotload.dev"),
+    Ask("update", "policysnapshots.hotload.dev"),
+    Ask("patch", "policysnapshots.hotload.dev"),
+    Ask("update", "rolloutdeployments.hotload.dev", subresource="status"),
+    Ask("patch", "events"),
+    Ask("delete", "statefulsets.apps"),
+    Ask("create", "roles.rbac.authorization.k8s.io"),
+    Ask("escalate", "roles.rbac.authorization.k8s.io"),
+    Ask("create", "clusterrolebindings.rbac.authorization.k8s.io", namespace=None),
+    Ask("patch", "clusterkopfpeerings.kopf.dev/someone-else", namespace=None),
+    Ask("create", "customresourcedefinitions.apiextensions.k8s.io", namespace=None),
+    Ask("delete", "namespaces", namespace=None),
+    Ask("impersonate", "serviceaccounts"),
+]
+
+
+def _sidecar_asks(namespace: str, other: str) -> tuple[list[Ask], list[Ask]]:
+    may = [
+        *(Ask(v, "rolloutdeployments.hotload.dev", namespace) for v in ("get", "list", "watch")),
+        Ask("get", "pods", namespace),
+        Ask("patch", "pods", namespace),
+        Ask("get", "pods", namespace, subresource="status"),
+        Ask("patch", "pods", namespace, subresource="status"),
+    ]
+    may_not = [
+        *(Ask(v, "pods", namespace) for v in ("list", "watch", "create", "update", "delete")),
+        Ask("create", "pods", namespace, subresource="exec"),
+        Ask("create", "pods", namespace, subresource="eviction"),
+        Ask("patch", "rolloutdeployments.hotload.dev", namespace),
+        Ask("patch", "rolloutdeployments.hotload.dev", namespace, subresource="status"),
+        Ask("get", "policysnapshots.hotload.dev", namespace),
+        Ask("get", "secrets", namespace),
+        Ask("create", "events", namespace),
+        Ask("patch", "statefulsets.apps", namespace),
+        Ask("get", "pods", other),
+        Ask("patch", "pods", other),
+        Ask("watch", "rolloutdeployments.hotload.dev", other),
+    ]
+    return may, may_not
+
+
+def _answers(
+    kubectl: Kubectl, subject: str, asks: list[Ask], context: str | None
+) -> dict[str, bool]:
+    def ask(question: Ask) -> bool:
+        done = kubectl.run(*question.argv(subject), context=context)
+        assert done.returncode in (0, 1), done.stderr
+        assert "warning" not in done.stderr.lower(), f"{question}: {done.stderr}"
+        return done.returncode == 0
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(zip(map(str, asks), pool.map(ask, asks), strict=True))
+
+
+def _assert_matrix(
+    kubectl: Kubectl,
+    subject: str,
+    may: list[Ask],
+    may_not: list[Ask],
+    context: str | None = None,
+) -> None:
+    answers = _answers(kubectl, subject, may + may_not, context)
+    missing = [str(a) for a in may if not answers[str(a)]]
+    excess = [str(a) for a in may_not if answers[str(a)]]
+    assert (missing, excess) == ([], []), f"{subject}: lacks {missing}; must not have {excess}"
+
+
+def test_operator_has_exactly_the_rights_it_needs(
+    local_regions: LocalRegions, kubectl: Kubectl
+) -> None:
+    for region in local_regions.regions:
+        _assert_matrix(kubectl, OPERATOR, OPERATOR_MAY, OPERATOR_MAY_NOT, region.context)
+
+
+@pytest.mark.parametrize(
+    ("cluster_role", "allowed"), [("hotload-sidecar", True), ("admin", False), ("edit", False)]
+)
+def test_operator_binds_accounts_to_the_sidecar_role_and_no_other(
+    kubectl: Kubectl, cluster_role: str, allowed: bool
+) -> None:
+    """RBAC's escalation check on a real RoleBinding (server-side dry run): the operator holds
+    `bind` on hotload-sidecar only, and none of the rights of the roles it would hand out."""
+    done = kubectl.run(
+        "create", "rolebinding", "probe", f"--clusterrole={cluster_role}",
+        "--serviceaccount=default:probe-sidecar", "-n", "default",
+        "--dry-run=server", f"--as={OPERATOR}",
+    )  # fmt: skip
+
+    assert (done.returncode == 0) is allowed, done.stderr
+    if not allowed:
+        refusal = "attempting to grant RBAC permissions not currently held"
+        assert refusal in done.stderr, done.stderr[:300]
+
+
+def test_sidecar_bound_to_the_charts_role_reads_its_deployment_and_writes_pods_only(
+    kubectl: Kubectl, kube_clients: dict[str, k8s.ApiClient], namespace: str
+) -> None:
+    api = next(iter(kube_clients.values()))
+    core, rbac = k8s.CoreV1Api(api), k8s.RbacAuthorizationV1Api(api)
+    account = "demo-sidecar"
+    core.create_namespaced_service_account(namespace, cast(Any, {"metadata": {"name": account}}))
+    rbac.create_namespaced_role_binding(
+        namespace,
+        cast(
+            Any,
+            {
+                "metadata": {"name": account},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "hotload-sidecar",
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+            },
+        ),
+    )
+    may, may_not = _sidecar_asks(namespace, other="default")
+
+    _assert_matrix(kubectl, f"system:serviceaccount:{namespace}:{account}", may, may_not)

@@ -1,0 +1,106 @@
+"""A tiny trainer without torch: a Full, then deltas, published to a ``file://`` bucket.
+
+The operator's tests and ``bench/propagation`` run ``noop``-engine replicas, whose real
+sidecars fetch, verify and rebuild every snapshot of the project's format before the
+noop engine "loads" it: a corrupt delta is caught exactly as on a GPU. Each step changes
+a few elements of one small tensor, so deltas are real deltas of the format.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from hotload.api import API_VERSION, SnapshotKind
+from hotload.snapshot import MANIFEST_NAME, encode
+from hotload.snapshot.publish import publish_snapshot
+from hotload.storage import open_storage
+
+
+@dataclass(frozen=True)
+class TinySnapshot:
+    identity: str
+    step: int
+    kind: SnapshotKind
+    previous: str | None
+    files: tuple[str, ...]
+
+    def manifest(self, deployment: str) -> dict[str, Any]:
+        """The PolicySnapshot a trainer applies for it."""
+        spec: dict[str, Any] = {
+            "deploymentRef": {"name": deployment},
+            "identity": self.identity,
+            "step": self.step,
+            "kind": self.kind.value,
+        }
+        if self.previous is not None:
+            spec["incremental"] = {"previousIdentity": self.previous}
+        return {
+            "apiVersion": API_VERSION,
+            "kind": "PolicySnapshot",
+            "metadata": {"name": self.identity},
+            "spec": spec,
+        }
+
+
+class TinyChain:
+    """Publishes snapshots of a 32x32 float32 "model" whose weights move a little each step."""
+
+    def __init__(self, bucket_dir: Path, workdir: Path, name: str = "tiny") -> None:
+        self.bucket_dir = bucket_dir
+        self.workdir = workdir
+        self.name = name
+        self._rng = np.random.default_rng(7)
+        self._weights = self._rng.standard_normal((32, 32)).astype(np.float32)
+        self._last: tuple[TinySnapshot, Path] | None = None
+
+    def _save(self, step: int) -> Path:
+        model = self.workdir / f"{self.name}-model-{step:05d}"
+        model.mkdir(parents=True, exist_ok=True)
+        (model / "config.json").write_text(json.dumps({"model_type": "tiny", "hidden_size": 32}))
+        save_file({"layer.weight": self._weights}, str(model / "model.safetensors"))
+        return model
+
+    async def publish(self, step: int, *, full: bool = False) -> TinySnapshot:
+        """Move the weights one step and publish a Full (or a delta on the last one)."""
+        if self._last is not None:
+            rows = self._rng.integers(0, 32, size=4)
+            self._weights[rows, rows] += np.float32(0.01)
+        model = self._save(step)
+        previous = None if full or self._last is None else self._last
+        kind = SnapshotKind.FULL if previous is None else SnapshotKind.INCREMENTAL
+        identity = f"{self.name}-s{step:05d}-{'full' if previous is None else 'delta'}"
+        out = self.workdir / f"{identity}-encoded"
+        encode(
+            previous[1] if previous else None,
+            model,
+            out,
+            identity=identity,
+            step=step,
+            previous_identity=previous[0].identity if previous else None,
+        )
+        storage = open_storage(f"file://{self.bucket_dir}")
+        try:
+            await publish_snapshot(storage, out, identity)
+        finally:
+            await storage.aclose()
+        files = tuple(sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()))
+        snapshot = TinySnapshot(
+            identity, step, kind, previous[0].identity if previous else None, files
+        )
+        self._last = (snapshot, model)
+        return snapshot
+
+    def corrupt(self, snapshot: TinySnapshot) -> Path:
+        """Flip a byte in one of the snapshot's stored files in the bucket (not its manifest)."""
+        stored = [f for f in snapshot.files if f != MANIFEST_NAME]
+        path = self.bucket_dir / snapshot.identity / stored[0]
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+        return path

@@ -1,0 +1,133 @@
+"""Small builders for the operator's planner tables: snapshots, pods, observations."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from hotload.api import ConditionStatus, ReplicaState, RolloutDeploymentSpec, SnapshotKind
+from hotload.operator.ledger import LedgerEntry
+from hotload.operator.plan import Observation, ObservedDeployment
+from hotload.operator.pods import PodReport
+from hotload.operator.rollout import ChainVerdict, SnapshotInfo
+from hotload.operator.snapshot_status import ObservedSnapshot
+
+T0 = datetime(2026, 11, 23, 10, 0, 0, tzinfo=UTC)
+DEPLOYMENT = "demo"
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def full(identity: str, step: int, deployment: str = DEPLOYMENT, **kw: Any) -> SnapshotInfo:
+    return SnapshotInfo(identity, deployment, step, SnapshotKind.FULL, **kw)
+
+
+def delta(
+    identity: str, step: int, previous: str, deployment: str = DEPLOYMENT, **kw: Any
+) -> SnapshotInfo:
+    kw.setdefault("compression_format", "hotload-delta/v1")
+    kw.setdefault("checksum_format", "sha256")
+    return SnapshotInfo(
+        identity, deployment, step, SnapshotKind.INCREMENTAL, previous=previous, **kw
+    )
+
+
+def valid() -> ChainVerdict:
+    return ChainVerdict(ConditionStatus.TRUE, "ChainComplete", "")
+
+
+def broken(reason: str = "ChecksumMismatch") -> ChainVerdict:
+    return ChainVerdict(ConditionStatus.FALSE, reason, "bad")
+
+
+def by_identity(*infos: SnapshotInfo) -> dict[str, SnapshotInfo]:
+    return {info.identity: info for info in infos}
+
+
+def pod(
+    ordinal: int,
+    snapshot: str | None = None,
+    *,
+    target: str | None = None,
+    state: ReplicaState | None = None,
+    since: datetime | None = None,
+    via: str | None = None,
+    reason: str | None = None,
+    message: str | None = None,
+    failed_snapshot: str | None = None,
+    verified: bool | None = None,
+    terminating: bool = False,
+    deployment: str = DEPLOYMENT,
+) -> PodReport:
+    """A replica pod; by default Ready at ``snapshot`` (its target) when it serves one."""
+    if state is None and snapshot is not None:
+        state = ReplicaState.READY
+    return PodReport(
+        name=f"{deployment}-{ordinal}",
+        namespace="ns",
+        uid=f"uid-{ordinal}",
+        resource_version=str(100 + ordinal),
+        deployment=deployment,
+        created=T0,
+        terminating=terminating,
+        snapshot=snapshot,
+        target=target if target is not None else snapshot,
+        state=state,
+        since=since or T0,
+        via=via or ("full" if snapshot else None),
+        reason=reason,
+        message=message,
+        failed_snapshot=failed_snapshot,
+        serves_verified=verified if verified is not None else snapshot is not None,
+    )
+
+
+def observed_snapshot(
+    info: SnapshotInfo,
+    status: Mapping[str, Any] | None = None,
+    created: datetime = T0,
+) -> ObservedSnapshot:
+    status = dict(status or {})
+    ledger = {
+        name: entry
+        for name, raw in (status.get("replicas") or {}).items()
+        if (entry := LedgerEntry.from_wire(raw)) is not None
+    }
+    return ObservedSnapshot(info, f"uid-{info.identity}", created, 1, status, ledger)
+
+
+def spec(replicas: int = 3, keep: int = 10) -> RolloutDeploymentSpec:
+    return RolloutDeploymentSpec.model_validate(
+        {
+            "model": {"name": "tiny", "servedName": "policy"},
+            "engine": {"kind": "noop"},
+            "replicas": replicas,
+            "hotLoad": {"bucketUrl": "file:///tmp/bucket"},
+            "retention": {"keepSnapshots": keep},
+        }
+    )
+
+
+def observation(
+    snapshots: Iterable[ObservedSnapshot],
+    pods: Iterable[PodReport],
+    *,
+    replicas: int = 3,
+    keep: int = 10,
+    status: Mapping[str, Any] | None = None,
+) -> Observation:
+    return Observation(
+        deployment=ObservedDeployment(
+            name=DEPLOYMENT,
+            namespace="ns",
+            uid="uid-rd",
+            generation=1,
+            spec=spec(replicas, keep),
+            status=dict(status or {}),
+        ),
+        pods=list(pods),
+        snapshots={snap.info.identity: snap for snap in snapshots},
+    )
