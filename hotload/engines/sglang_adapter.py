@@ -109,6 +109,22 @@ class SGLangEngine(HttpEngine):
             )
         return json_object(response)
 
+    async def weights_checksum(self) -> str:
+        """``per_engine_checksum`` of ``/weights_checker`` (a hash over every rank's hashes
+        of SGLang's own fused, sharded parameters): comparable only with another one."""
+        response = await self._http.request(
+            "POST", "/weights_checker", json={"action": "checksum"}, timeout=self._load_timeout
+        )
+        body = json_object(response)
+        checksum = body.get("per_engine_checksum")
+        if response.status_code != 200 or body.get("success") is not True or not checksum:
+            raise EngineUnavailable(
+                f"SGLang did not checksum its weights: {response_detail(response)}",
+                url=self.base_url,
+                status=response.status_code,
+            )
+        return str(checksum)
+
     async def load_weights(self, path: Path, identity: str, *, kind: SnapshotKind) -> None:
         if kind is SnapshotKind.LORA:
             await self._load_lora(path, identity)

@@ -35,6 +35,7 @@ import httpx
 
 from hotload.api import EngineKind, KvCachePolicy, SnapshotKind
 from hotload.engines.admin_http import json_object, response_detail
+from hotload.engines.engine_checksum import checksums_digest
 from hotload.engines.http_adapter import HttpEngine
 from hotload.engines.identity_fields import weight_versions
 from hotload.engines.lora_slot import LoraSlot
@@ -101,6 +102,37 @@ class VLLMEngine(HttpEngine):
         if version in (None, "", self._launch_version):
             return None
         return str(version)
+
+    async def instance_id(self) -> str | None:
+        """``vllm_config.instance_id`` of dev-mode ``/server_info`` (the start time in ns):
+        it changes whenever the engine process restarts."""
+        response = await self._http.request(
+            "GET", "/server_info", params={"config_format": "json"}
+        )
+        self._check_route(response, "/server_info")
+        if response.status_code != 200:
+            raise EngineUnavailable(
+                "vLLM /server_info failed", url=self.base_url, status=response.status_code
+            )
+        config = json_object(response).get("vllm_config")
+        value = config.get("instance_id") if isinstance(config, dict) else None
+        return str(value) if value not in (None, "") else None
+
+    async def weights_checksum(self) -> str:
+        """One digest over ``/weight_checker``'s sha256 of every parameter vLLM holds
+        (copies each to the CPU: costly). Comparable only with another from this engine."""
+        response = await self._http.request(
+            "POST", "/weight_checker", json={"action": "checksum"}, timeout=self._load_timeout
+        )
+        self._check_route(response, "/weight_checker")
+        checksums = json_object(response).get("checksums")
+        if response.status_code != 200 or not isinstance(checksums, dict) or not checksums:
+            raise EngineUnavailable(
+                f"vLLM did not checksum its weights: {response_detail(response)}",
+                url=self.base_url,
+                status=response.status_code,
+            )
+        return checksums_digest({str(k): str(v) for k, v in checksums.items()})
 
     async def load_weights(self, path: Path, identity: str, *, kind: SnapshotKind) -> None:
         if kind is SnapshotKind.LORA:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from hotload.engines.engine_checksum import checksums_digest
 from hotload.errors import EngineRejected
 from hotload.snapshot.safetensors_file import read_header
 
@@ -100,15 +101,6 @@ class TensorStore:
             name: TensorBytes(t.dtype, t.shape, bytes(len(t.data)))
             for name, t in self.tensors.items()
         }
-
-
-def checksums_digest(checksums: dict[str, str]) -> str:
-    """SGLang's ``overall_checksum``: sha256 over name then checksum, names sorted."""
-    digest = hashlib.sha256()
-    for name in sorted(checksums):
-        digest.update(name.encode())
-        digest.update(checksums[name].encode())
-    return digest.hexdigest()
 
 
 def snapshot_checksums(path: Path) -> dict[str, str]:

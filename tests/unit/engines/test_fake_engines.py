@@ -18,11 +18,12 @@ import pytest
 from fastapi import FastAPI
 from safetensors.numpy import save_file
 
+from hotload.engines.engine_checksum import checksums_digest
 from hotload.engines.fakes.sglang_app import SGLangOptions
 from hotload.engines.fakes.sglang_app import create_app as sglang_app
 from hotload.engines.fakes.vllm_app import VLLMOptions
 from hotload.engines.fakes.vllm_app import create_app as vllm_app
-from hotload.engines.fakes.weights import checksums_digest, snapshot_checksums
+from hotload.engines.fakes.weights import snapshot_checksums
 
 TOKEN_S = 0.005
 

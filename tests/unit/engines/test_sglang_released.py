@@ -282,3 +282,16 @@ async def test_identity_comes_from_the_version_not_the_renamed_model() -> None:
         data=[SGLANG.example("ModelCard", id="/var/lib/hotload/staging/b/step-9")],
     )
     assert SGLangEngine(BASE).identities_of(models) == []
+
+
+async def test_the_weights_checksum_is_sglangs_per_engine_checksum() -> None:
+    rank = SGLANG.example(
+        "ChecksumInfo", checksums={"w": "00ff"}, per_gpu_checksum="1" * 64, parallelism_info=[]
+    )
+    payload = {"success": True, "message": "ok", "ranks": [rank], "per_engine_checksum": "e" * 64}
+    recorder = ReleasedRecorder(
+        {("POST", "/weights_checker"): answer(SGLANG, "POST", "/weights_checker", payload)},
+        contract=SGLANG,
+    )
+    assert await engine(recorder).weights_checksum() == "e" * 64
+    assert recorder.calls() == [("POST", "/weights_checker", {}, {"action": "checksum"})]

@@ -15,6 +15,7 @@ import pytest
 
 from hotload.api import KvCachePolicy, SnapshotKind
 from hotload.engines import PauseMode, VLLMEngine
+from hotload.engines.engine_checksum import checksums_digest
 from hotload.errors import EngineRejected
 from tests.unit.engines.released import VLLM, ReleasedRecorder, answer, text_answer, vllm_error
 
@@ -192,3 +193,31 @@ async def test_lora_success_is_plain_text() -> None:
     vllm = engine(recorder)
     await vllm.load_weights(Path("/staging/a/l-1"), "l-1", kind=SnapshotKind.LORA)
     assert vllm.prepare_request("/v1/completions", {"model": "m"})["model"] == "l-1"
+
+
+# --- what the engine can tell: instance and checksum -----------------------------------
+
+
+async def test_the_instance_id_comes_from_dev_mode_server_info() -> None:
+    info = {"vllm_config": {"instance_id": "1795453342881933890"}, "vllm_env": {}}
+    recorder = ReleasedRecorder(
+        {("GET", "/server_info"): answer(VLLM, "GET", "/server_info", {**info, "system_env": {}})},
+        contract=VLLM,
+    )
+    assert await engine(recorder).instance_id() == "1795453342881933890"
+    assert recorder.calls() == [("GET", "/server_info", {"config_format": ["json"]}, None)]
+
+
+async def test_the_weights_checksum_is_one_digest_over_every_parameter() -> None:
+    checksums = {"model.layers.0.qkv_proj.weight": "aa" * 32, "lm_head.weight": "bb" * 32}
+    recorder = ReleasedRecorder(
+        {
+            ("POST", "/weight_checker"): answer(
+                VLLM, "POST", "/weight_checker", {"checksums": checksums}
+            )
+        },
+        contract=VLLM,
+    )
+    digest = await engine(recorder).weights_checksum()
+    assert digest == checksums_digest(checksums)
+    assert recorder.calls() == [("POST", "/weight_checker", {}, {"action": "checksum"})]
