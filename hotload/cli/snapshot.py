@@ -20,6 +20,7 @@ snapshot_app = typer.Typer(
     name="snapshot",
     help="Encode, decode, verify and inspect hotload-delta/v2 snapshots.",
     no_args_is_help=True,
+    rich_markup_mode=None,
 )
 
 

@@ -1,0 +1,83 @@
+"""How much ``hotload --help`` and ``hotload snapshot --help`` import before they answer.
+
+Start-up time is what a user feels on every command and what a pod pays on every
+restart; it is set by imports, so this pins the imports (not a timer, which the shared
+machine would make flaky): the heavy libraries and our own heavy packages stay out
+until a command needs them, and the module count stays near what it is today (150 and
+273 modules on Python 3.11 with the pinned typer; a timer-free stand-in for the
+≤ 0.15 s target, see bench/codec and docs/codec.md).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+#: Never imported just to print help: rich's help renderer (markdown parsing), the
+#: numeric stack, Kubernetes clients, HTTP, torch, and our heavy packages.
+NEVER = (
+    "rich",
+    "markdown_it",
+    "numpy",
+    "zstandard",
+    "torch",
+    "kubernetes",
+    "kubernetes_asyncio",
+    "kopf",
+    "httpx",
+    "boto3",
+    "hotload.api",
+    "hotload.snapshot",
+    "hotload.sidecar",
+    "hotload.engines",
+    "hotload.local",
+    "hotload.operator",
+)
+
+PROBE = """
+import json, sys
+sys.argv = ["hotload", *json.loads(sys.argv[1])]
+from hotload.cli import main
+try:
+    main()
+except SystemExit:
+    pass
+sys.stdout = sys.__stdout__
+print("\\n@@" + json.dumps(sorted(sys.modules)))
+"""
+
+
+def imported(*args: str) -> list[str]:
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(list(args))],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    modules: list[str] = json.loads(result.stdout.rsplit("@@", 1)[1])
+    return modules
+
+
+@pytest.mark.parametrize(
+    ("args", "budget", "allowed"),
+    [
+        (("--help",), 190, ()),
+        (("snapshot", "--help"), 320, ("pydantic",)),  # typer builds pydantic adapters
+    ],
+)
+def test_help_imports_nothing_heavy(
+    args: tuple[str, ...], budget: int, allowed: tuple[str, ...]
+) -> None:
+    modules = imported(*args)
+    heavy = sorted(
+        name
+        for name in modules
+        if any(name == n or name.startswith(n + ".") for n in NEVER)
+        and not any(name == a or name.startswith(a + ".") for a in allowed)
+    )
+    assert heavy == [], f"hotload {' '.join(args)} imports {heavy[:10]}"
+    assert len(modules) <= budget, f"hotload {' '.join(args)} imports {len(modules)} modules"
