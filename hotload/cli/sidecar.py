@@ -65,6 +65,7 @@ async def _run(environ: Mapping[str, str], config: AgentConfig) -> None:
             engine_client,
             api_key=environ.get(ENV_ENGINE_API_KEY) or None,
             admin_api_key=environ.get(ENV_ENGINE_ADMIN_API_KEY) or None,
+            verify_digest=spec.verify_digest,
         )
 
     agent = SidecarAgent(config, api, CollectorRegistry(), engine_for)

@@ -32,13 +32,15 @@ def make_engine(
     api_key: str | None = None,
     admin_api_key: str | None = None,
     load_timeout: float | None = None,
+    verify_digest: bool = False,
 ) -> Engine:
     """The adapter for ``kind`` talking to ``base_url`` (ignored for ``noop``).
 
     ``http_client`` is borrowed (the caller closes it); without one the adapter owns a
     client of its own. ``api_key`` is the engine's ``--api-key``, sent as a bearer token;
     ``admin_api_key`` SGLang's ``--admin-api-key`` (its admin routes take only that one
-    when it is set).
+    when it is set). ``verify_digest`` (``spec.engine.verifyDigest``): SGLang and vLLM
+    report their own checksum of the loaded weights when asked for a digest.
     """
     if kind is EngineKind.NOOP:
         return NoopEngine()
@@ -54,6 +56,7 @@ def make_engine(
             api_key=api_key,
             admin_api_key=admin_api_key,
             load_timeout=load_timeout if load_timeout is not None else SGLANG_LOAD_TIMEOUT,
+            verify_digest=verify_digest,
         )
     if kind is EngineKind.VLLM:
         return VLLMEngine(
@@ -61,5 +64,6 @@ def make_engine(
             http_client,
             api_key=api_key,
             load_timeout=load_timeout if load_timeout is not None else VLLM_LOAD_TIMEOUT,
+            verify_digest=verify_digest,
         )
     raise ConfigError("unknown engine kind", engine=str(kind))

@@ -64,6 +64,7 @@ class SGLangEngine(HttpEngine):
         load_timeout: float = DEFAULT_LOAD_TIMEOUT,
         flush_timeout: float = DEFAULT_FLUSH_TIMEOUT,
         launch_version: str = LAUNCH_VERSION,
+        verify_digest: bool = False,
     ) -> None:
         super().__init__(base_url, client, api_key=admin_api_key or api_key)
         self._info = self._http.with_key(api_key)
@@ -71,6 +72,8 @@ class SGLangEngine(HttpEngine):
         self._load_timeout = load_timeout
         self._flush_timeout = flush_timeout
         self._launch_version = launch_version
+        self._verify_digest = verify_digest
+        """``spec.engine.verifyDigest``: report the engine's own weights checksum."""
         self._lora = LoraSlot(self._http, engine="SGLang", unload_path="/unload_lora_adapter")
         self._paused_for_flush = False
         """Paused in ``retract`` mode for the ``all`` policy: flush before continuing."""

@@ -65,6 +65,7 @@ class VLLMEngine(HttpEngine):
         flush_timeout: float = DEFAULT_FLUSH_TIMEOUT,
         flush_retry_interval: float = 0.5,
         launch_version: str = LAUNCH_VERSION,
+        verify_digest: bool = False,
     ) -> None:
         super().__init__(base_url, client, api_key=api_key)
         self._load_timeout = load_timeout
@@ -72,6 +73,8 @@ class VLLMEngine(HttpEngine):
         self._flush_retry_interval = flush_retry_interval
         self._lora = LoraSlot(self._http, engine="vLLM", unload_path="/v1/unload_lora_adapter")
         self._launch_version = launch_version
+        self._verify_digest = verify_digest
+        """``spec.engine.verifyDigest``: report the engine's own weights checksum."""
         self._last_load: tuple[Path, str] | None = None
         """(directory, identity) of the last reload sent: the stale-directory guard."""
         self._cleared = False
