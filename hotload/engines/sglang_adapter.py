@@ -34,6 +34,7 @@ import httpx
 
 from hotload.api import EngineKind, KvCachePolicy, SnapshotKind
 from hotload.engines.admin_http import json_object, response_detail
+from hotload.engines.engine_checksum import ChecksumLedger
 from hotload.engines.http_adapter import HttpEngine
 from hotload.engines.identity_fields import weight_versions
 from hotload.engines.lora_slot import LoraSlot
@@ -72,8 +73,9 @@ class SGLangEngine(HttpEngine):
         self._load_timeout = load_timeout
         self._flush_timeout = flush_timeout
         self._launch_version = launch_version
-        self._verify_digest = verify_digest
-        """``spec.engine.verifyDigest``: report the engine's own weights checksum."""
+        self._checksums = ChecksumLedger("SGLang") if verify_digest else None
+        """``spec.engine.verifyDigest``: each Full/Incremental load is checked against the
+        engine's own checksum the same snapshot gave before."""
         self._lora = LoraSlot(self._http, engine="SGLang", unload_path="/unload_lora_adapter")
         self._paused_for_flush = False
         """Paused in ``retract`` mode for the ``all`` policy: flush before continuing."""
@@ -147,6 +149,8 @@ class SGLangEngine(HttpEngine):
         if response.status_code == 200 and body.get("success") is True:
             self._served_model = str(path)
             await self._lora.clear()
+            if self._checksums is not None:
+                self._checksums.check(identity, await self.weights_checksum(), url=self.base_url)
             return
         detail = str(body.get("message") or response_detail(response))
         raise EngineRejected(

@@ -35,7 +35,7 @@ import httpx
 
 from hotload.api import EngineKind, KvCachePolicy, SnapshotKind
 from hotload.engines.admin_http import json_object, response_detail
-from hotload.engines.engine_checksum import checksums_digest
+from hotload.engines.engine_checksum import ChecksumLedger, checksums_digest
 from hotload.engines.http_adapter import HttpEngine
 from hotload.engines.identity_fields import weight_versions
 from hotload.engines.lora_slot import LoraSlot
@@ -73,8 +73,9 @@ class VLLMEngine(HttpEngine):
         self._flush_retry_interval = flush_retry_interval
         self._lora = LoraSlot(self._http, engine="vLLM", unload_path="/v1/unload_lora_adapter")
         self._launch_version = launch_version
-        self._verify_digest = verify_digest
-        """``spec.engine.verifyDigest``: report the engine's own weights checksum."""
+        self._checksums = ChecksumLedger("vLLM") if verify_digest else None
+        """``spec.engine.verifyDigest``: each Full/Incremental load is checked against the
+        engine's own checksum the same snapshot gave before."""
         self._last_load: tuple[Path, str] | None = None
         """(directory, identity) of the last reload sent: the stale-directory guard."""
         self._cleared = False
@@ -173,6 +174,8 @@ class VLLMEngine(HttpEngine):
             )
         await self._set_version(identity)
         await self._lora.clear()
+        if self._checksums is not None:
+            self._checksums.check(identity, await self.weights_checksum(), url=self.base_url)
 
     async def _load_lora(self, path: Path, identity: str) -> None:
         response = await self._http.request(

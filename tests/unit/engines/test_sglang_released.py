@@ -295,3 +295,20 @@ async def test_the_weights_checksum_is_sglangs_per_engine_checksum() -> None:
     )
     assert await engine(recorder).weights_checksum() == "e" * 64
     assert recorder.calls() == [("POST", "/weights_checker", {}, {"action": "checksum"})]
+
+
+async def test_verify_digest_accepts_a_reload_with_the_checksum_it_had() -> None:
+    def checked(value: str) -> httpx.Response:
+        payload = {"success": True, "message": "ok", "per_engine_checksum": value}
+        return answer(SGLANG, "POST", "/weights_checker", payload)
+
+    routes = {
+        ("POST", "/update_weights_from_disk"): update_answer(True, "Succeeded."),
+        ("POST", "/weights_checker"): [checked("a"), checked("b"), checked("a"), checked("c")],
+    }
+    sglang = engine(ReleasedRecorder(routes, contract=SGLANG), verify_digest=True)
+    await sglang.load_weights(Path("/staging/0/s-1"), "s-1", kind=SnapshotKind.FULL)
+    await sglang.load_weights(Path("/staging/1/s-2"), "s-2", kind=SnapshotKind.FULL)
+    await sglang.load_weights(Path("/staging/0/s-1"), "s-1", kind=SnapshotKind.FULL)
+    with pytest.raises(EngineRejected, match="other weights than when s-2"):
+        await sglang.load_weights(Path("/staging/1/s-2"), "s-2", kind=SnapshotKind.FULL)

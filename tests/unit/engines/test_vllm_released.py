@@ -221,3 +221,34 @@ async def test_the_weights_checksum_is_one_digest_over_every_parameter() -> None
     digest = await engine(recorder).weights_checksum()
     assert digest == checksums_digest(checksums)
     assert recorder.calls() == [("POST", "/weight_checker", {}, {"action": "checksum"})]
+
+
+def checker(value: str) -> httpx.Response:
+    return answer(VLLM, "POST", "/weight_checker", {"checksums": {"w": value}})
+
+
+async def test_verify_digest_refuses_a_reload_that_serves_other_weights_than_before() -> None:
+    routes = {
+        ("POST", "/collective_rpc"): answer(VLLM, "POST", "/collective_rpc", {"results": [None]}),
+        ("POST", "/update_weight_version"): answer(
+            VLLM, "POST", "/update_weight_version", {"success": True, "new_version": "x"}
+        ),
+        ("POST", "/weight_checker"): [checker("a1"), checker("b1"), checker("a2")],
+    }
+    vllm = engine(ReleasedRecorder(routes, contract=VLLM), verify_digest=True)
+    await vllm.load_weights(Path("/staging/0/s-1"), "s-1", kind=SnapshotKind.FULL)
+    await vllm.load_weights(Path("/staging/1/s-2"), "s-2", kind=SnapshotKind.FULL)
+    with pytest.raises(EngineRejected, match="other weights than when s-1"):
+        await vllm.load_weights(Path("/staging/0/s-1"), "s-1", kind=SnapshotKind.FULL)
+
+
+async def test_without_verify_digest_the_costly_checker_is_never_called() -> None:
+    routes = {
+        ("POST", "/collective_rpc"): answer(VLLM, "POST", "/collective_rpc", {"results": [None]}),
+        ("POST", "/update_weight_version"): answer(
+            VLLM, "POST", "/update_weight_version", {"success": True, "new_version": "x"}
+        ),
+    }
+    recorder = ReleasedRecorder(routes, contract=VLLM)
+    await engine(recorder).load_weights(Path("/staging/0/s-1"), "s-1", kind=SnapshotKind.FULL)
+    assert "/weight_checker" not in [path for _, path, _, _ in recorder.calls()]
