@@ -13,6 +13,12 @@ from typing import Any, Final
 from hotload.api import EngineKind, RolloutDeployment
 from hotload.api import pod as contract
 from hotload.api.group import API_VERSION
+from hotload.api.rollout_deployment import (
+    ENGINE_ADMIN_API_KEY_SECRET_KEY,
+    ENGINE_API_KEY_SECRET_KEY,
+    ENV_ENGINE_ADMIN_API_KEY,
+    ENV_ENGINE_API_KEY,
+)
 
 Manifest = dict[str, Any]
 
@@ -49,10 +55,10 @@ def _field_env(env_name: str, field_path: str) -> Manifest:
     return {"name": env_name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
 
 
-def _secret_env(secret: str, key: str) -> Manifest:
+def _secret_env(secret: str, key: str, name: str | None = None, optional: bool = True) -> Manifest:
     return {
-        "name": key,
-        "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": True}},
+        "name": name or key,
+        "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": optional}},
     }
 
 
@@ -68,35 +74,65 @@ def engine_command(deployment: RolloutDeployment) -> list[str]:
         return ["hotload", "engine", "reference", "--port", port, *engine.args]
     if engine.kind is EngineKind.NOOP:
         return ["hotload", "engine", "noop", "--port", port, *engine.args]
+    keys = engine.keys_secret_ref is not None
     if engine.kind is EngineKind.SGLANG:
         return [
             "python3", "-m", "sglang.launch_server",
             "--model-path", deployment.spec.model.name,
             "--served-model-name", deployment.spec.model.served_name,
             "--host", "$(POD_IP)", "--port", port,
+            *(["--api-key", f"$({ENV_ENGINE_API_KEY})",
+                "--admin-api-key", f"$({ENV_ENGINE_ADMIN_API_KEY})"] if keys else []),
             *engine.args,
         ]  # fmt: skip
     return [
         "vllm", "serve", deployment.spec.model.name,
         "--served-model-name", deployment.spec.model.served_name,
         "--host", "$(POD_IP)", "--port", port,
+        *(["--api-key", f"$({ENV_ENGINE_API_KEY})"] if keys else []),
         *engine.args,
     ]  # fmt: skip
 
 
-def _engine_env(kind: EngineKind) -> list[Manifest]:
-    env = [_field_env(contract.ENV_POD_IP, "status.podIP")]
+def engine_key_env(deployment: RolloutDeployment) -> list[Manifest]:
+    """The engine's API keys from ``spec.engine.keysSecretRef``, for the engine and the sidecar.
+
+    Both keys are required for SGLang (its admin routes take only the admin key when both
+    are set, and an unset ``$(VAR)`` would reach the command line literally); vLLM has one.
+    """
+    engine = deployment.spec.engine
+    secret = engine.keys_secret_ref
+    if secret is None or engine.kind not in (EngineKind.SGLANG, EngineKind.VLLM):
+        return []
+    env = [_secret_env(secret.name, ENGINE_API_KEY_SECRET_KEY, ENV_ENGINE_API_KEY, False)]
+    if engine.kind is EngineKind.SGLANG:
+        env.append(
+            _secret_env(
+                secret.name, ENGINE_ADMIN_API_KEY_SECRET_KEY, ENV_ENGINE_ADMIN_API_KEY, False
+            )
+        )
+    return env
+
+
+def _engine_env(deployment: RolloutDeployment) -> list[Manifest]:
+    kind = deployment.spec.engine.kind
+    env = [_field_env(contract.ENV_POD_IP, "status.podIP"), *engine_key_env(deployment)]
     if kind is EngineKind.VLLM:
         # The reload, pause and version routes exist only in dev mode (engine-facts.md).
         env += [
             {"name": "VLLM_SERVER_DEV_MODE", "value": "1"},
             {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "1"},
         ]
+    if kind is EngineKind.SGLANG:
+        # /health runs a generation, which a pause holds for 20 s and then fails: keep it
+        # plain for anything else that probes it (engine-facts.md).
+        env.append({"name": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "value": "0"})
     return env
 
 
 def _engine_probe_path(kind: EngineKind) -> str:
-    return "/health"
+    """SGLang's /ready does not generate (its /health does, and flaps during a swap)."""
+    return "/ready" if kind is EngineKind.SGLANG else "/health"
 
 
 def engine_container(deployment: RolloutDeployment) -> Manifest:
@@ -106,7 +142,7 @@ def engine_container(deployment: RolloutDeployment) -> Manifest:
         "image": engine.image,
         "command": engine_command(deployment),
         "ports": [{"name": "engine", "containerPort": engine.port}],
-        "env": _engine_env(engine.kind),
+        "env": _engine_env(deployment),
         "readinessProbe": {
             "httpGet": {"path": _engine_probe_path(engine.kind), "port": engine.port},
             "periodSeconds": 2,
@@ -133,6 +169,7 @@ def sidecar_container(deployment: RolloutDeployment) -> Manifest:
             _secret_env(secret.name, "AWS_ACCESS_KEY_ID"),
             _secret_env(secret.name, "AWS_SECRET_ACCESS_KEY"),
         ]
+    env += engine_key_env(deployment)
     container: Manifest = {
         "name": "sidecar",
         "image": deployment.spec.sidecar.image,

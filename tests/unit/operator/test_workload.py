@@ -68,3 +68,37 @@ def test_workload_is_rbac_then_service_then_statefulset_with_owner_refs() -> Non
     assert label_selector("demo") == (
         "app.kubernetes.io/name=hotload-replica,app.kubernetes.io/instance=demo"
     )
+
+
+def test_sglang_is_probed_on_ready_and_its_health_does_not_generate() -> None:
+    deployment = _example_deployment()
+    deployment.spec.engine.kind = EngineKind.SGLANG
+    engine = pod_template(deployment)["spec"]["containers"][0]
+    assert engine["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert {"name": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "value": "0"} in engine["env"]
+
+
+def test_engine_keys_reach_the_engine_command_and_both_containers() -> None:
+    from hotload.api.rollout_deployment import SecretRef
+
+    deployment = _example_deployment()
+    deployment.spec.engine.kind = EngineKind.SGLANG
+    deployment.spec.engine.keys_secret_ref = SecretRef(name="engine-keys")
+    engine, sidecar = pod_template(deployment)["spec"]["containers"]
+    command = engine["command"]
+    assert command[command.index("--api-key") + 1] == "$(HOTLOAD_ENGINE_API_KEY)"
+    assert command[command.index("--admin-api-key") + 1] == "$(HOTLOAD_ENGINE_ADMIN_API_KEY)"
+    for container in (engine, sidecar):
+        refs = {
+            e["name"]: e["valueFrom"]["secretKeyRef"]
+            for e in container["env"]
+            if "secretKeyRef" in e.get("valueFrom", {})
+        }
+        assert refs["HOTLOAD_ENGINE_API_KEY"] == {
+            "name": "engine-keys", "key": "api-key", "optional": False,
+        }  # fmt: skip
+        assert refs["HOTLOAD_ENGINE_ADMIN_API_KEY"]["key"] == "admin-api-key"
+    deployment.spec.engine.kind = EngineKind.VLLM
+    engine, _ = pod_template(deployment)["spec"]["containers"]
+    assert "--admin-api-key" not in engine["command"] and "--api-key" in engine["command"]
+    assert not any(e["name"] == "HOTLOAD_ENGINE_ADMIN_API_KEY" for e in engine["env"])
