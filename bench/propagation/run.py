@@ -224,9 +224,10 @@ def peak_rss_mib(pid: int | None) -> float:
 
 
 def apiserver_metrics(api: k8s.ApiClient) -> dict[str, float]:
-    response = api.call_api("/metrics", "GET", auth_settings=["BearerToken"],
-                            _preload_content=False)  # fmt: skip
-    return scrape(response[0].data.decode())
+    """The apiserver's own /metrics (the region's admin client: a client certificate)."""
+    response = api.call_api("GET", f"{api.configuration.host}/metrics")
+    response.read()
+    return scrape(response.data.decode())
 
 
 @dataclass
@@ -285,10 +286,19 @@ class SizeResult:
             key: statistics.median(s["cost"][key] for s in self.snapshots)
             for key in (self.snapshots[0]["cost"] if self.snapshots else {})
         }
+        target_set = [s["target_set_s"] for s in self.snapshots if s["target_set_s"] is not None]
         return {
             "replicas": self.replicas,
             "snapshots": len(self.snapshots),
             "samples": len(self.samples_s),
+            "apply_to_target_set_median_s": round(statistics.median(target_set), 3)
+            if target_set
+            else None,
+            "apply_to_first_replica_ready_median_s": round(
+                statistics.median(s["first_ready_s"] for s in self.snapshots), 3
+            )
+            if self.snapshots
+            else None,
             "apply_to_ready_p50_s": round(percentile(self.samples_s, 50), 3),
             "apply_to_ready_p99_s": round(percentile(self.samples_s, 99), 3),
             "apply_to_all_ready_median_s": round(statistics.median(per_snapshot), 3)
@@ -312,6 +322,7 @@ class Bench:
         self.apps = k8s.AppsV1Api(api)
         self.work = work
         self.timeout_s = timeout_s
+        self.applied_wall = 0.0
 
     def active_operator(self) -> OperatorPod:
         def find() -> OperatorPod | None:
@@ -352,10 +363,22 @@ class Bench:
 
     def apply(self, namespace: str, snapshot: TinySnapshot) -> float:
         began = time.monotonic()
+        self.applied_wall = time.time()
         self.custom.create_namespaced_custom_object(
             GROUP, VERSION, namespace, "policysnapshots", snapshot.manifest(DEPLOYMENT)
         )
         return began
+
+    def target_set_after(self, namespace: str, identity: str) -> float | None:
+        """Seconds from the apply to the operator's ``status.propagation.targetSetAt``."""
+        body = self.custom.get_namespaced_custom_object(
+            GROUP, VERSION, namespace, "policysnapshots", identity
+        )
+        stamp = ((body.get("status") or {}).get("propagation") or {}).get("targetSetAt")
+        if not stamp:
+            return None
+        moment = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+        return round(moment - self.applied_wall, 3)
 
     def wait_all(self, watcher: PodWatcher, identity: str, replicas: int) -> dict[str, float]:
         def everywhere() -> dict[str, float] | None:
@@ -395,6 +418,8 @@ class Bench:
                     result.snapshots.append(
                         {
                             "identity": snapshot.identity,
+                            "target_set_s": self.target_set_after(namespace, snapshot.identity),
+                            "first_ready_s": round(min(samples), 3),
                             "p50_s": round(percentile(samples, 50), 3),
                             "p99_s": round(percentile(samples, 99), 3),
                             "all_ready_s": round(max(samples), 3),
@@ -483,9 +508,13 @@ def main() -> None:
         help="Rolling-restart replacements measured per size.",
     )
     parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--log-level", default="WARNING", help="Of the region's pods.")
     parser.add_argument("--results", type=Path, default=REPO / "bench" / "propagation")
     args = parser.parse_args()  # fmt: skip
 
+    # The pods inherit the runtime's log level: a thousand agents logging every fetch at INFO
+    # into one shared host would measure the logger. The operator logs warnings too.
+    os.environ.setdefault("HOTLOAD_LOG_LEVEL", args.log_level)
     nodes = max(1, -(-max(args.replicas) // PODS_PER_NODE)) + 1
     work = Path(tempfile.mkdtemp(prefix="hotload-bench-propagation-"))
     state = work / "state"
