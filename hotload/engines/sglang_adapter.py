@@ -162,6 +162,10 @@ class SGLangEngine(HttpEngine):
         )
 
     async def _load_lora(self, path: Path, identity: str) -> None:
+        if self._lora.active == identity:
+            # Loading it again (a reload after a failed load or a restart): SGLang refuses
+            # a name it holds ("already exists"), so it goes first.
+            await self._lora.clear()
         response = await self._http.request(
             "POST",
             "/load_lora_adapter",

@@ -178,10 +178,13 @@ class VLLMEngine(HttpEngine):
             self._checksums.check(identity, await self.weights_checksum(), url=self.base_url)
 
     async def _load_lora(self, path: Path, identity: str) -> None:
+        # Loading the served adapter again (a reload after a failed load or a restart):
+        # vLLM refuses a name it holds unless load_inplace is set.
+        again = self._lora.active == identity
         response = await self._http.request(
             "POST",
             "/v1/load_lora_adapter",
-            json={"lora_name": identity, "lora_path": str(path), "load_inplace": False},
+            json={"lora_name": identity, "lora_path": str(path), "load_inplace": again},
             timeout=self._load_timeout,
         )
         if _route_missing(response):

@@ -312,3 +312,34 @@ async def test_verify_digest_accepts_a_reload_with_the_checksum_it_had() -> None
     await sglang.load_weights(Path("/staging/0/s-1"), "s-1", kind=SnapshotKind.FULL)
     with pytest.raises(EngineRejected, match="other weights than when s-2"):
         await sglang.load_weights(Path("/staging/1/s-2"), "s-2", kind=SnapshotKind.FULL)
+
+
+async def test_reloading_the_served_adapter_unloads_it_first() -> None:
+    """SGLang refuses to load a name it holds ("already exists")."""
+
+    def lora(success: bool) -> httpx.Response:
+        payload = SGLANG.example("LoRAUpdateOutput", success=success)
+        return answer(SGLANG, "POST", "/load_lora_adapter", payload)
+
+    routes = {
+        ("POST", "/load_lora_adapter"): lora(True),
+        ("POST", "/unload_lora_adapter"): lora(True),
+        ("POST", "/update_weight_version"): answer(
+            SGLANG,
+            "POST",
+            "/update_weight_version",
+            {"success": True, "message": "ok", "new_version": "l-1"},
+        ),
+    }
+    recorder = ReleasedRecorder(routes, contract=SGLANG)
+    sglang = engine(recorder)
+    await sglang.load_weights(Path("/staging/0/l-1"), "l-1", kind=SnapshotKind.LORA)
+    await sglang.load_weights(Path("/staging/0/l-1"), "l-1", kind=SnapshotKind.LORA)
+    assert [path for _, path, _, _ in recorder.calls()] == [
+        "/load_lora_adapter",
+        "/update_weight_version",
+        "/unload_lora_adapter",
+        "/load_lora_adapter",
+        "/update_weight_version",
+    ]
+    assert sglang.active_lora == "l-1"

@@ -252,3 +252,19 @@ async def test_without_verify_digest_the_costly_checker_is_never_called() -> Non
     recorder = ReleasedRecorder(routes, contract=VLLM)
     await engine(recorder).load_weights(Path("/staging/0/s-1"), "s-1", kind=SnapshotKind.FULL)
     assert "/weight_checker" not in [path for _, path, _, _ in recorder.calls()]
+
+
+async def test_reloading_the_served_adapter_loads_it_in_place() -> None:
+    """vLLM answers 400 "already loaded" to a name it holds unless load_inplace is set."""
+    routes = {
+        ("POST", "/v1/load_lora_adapter"): text_answer("Success: LoRA adapter 'l-1' added."),
+        ("POST", "/update_weight_version"): answer(
+            VLLM, "POST", "/update_weight_version", {"success": True, "new_version": "l-1"}
+        ),
+    }
+    recorder = ReleasedRecorder(routes, contract=VLLM)
+    vllm = engine(recorder)
+    await vllm.load_weights(Path("/staging/0/l-1"), "l-1", kind=SnapshotKind.LORA)
+    await vllm.load_weights(Path("/staging/0/l-1"), "l-1", kind=SnapshotKind.LORA)
+    loads = [body for _, path, _, body in recorder.calls() if path == "/v1/load_lora_adapter"]
+    assert [body["load_inplace"] for body in loads] == [False, True]
