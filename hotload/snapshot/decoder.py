@@ -26,12 +26,16 @@ import numpy as np
 
 from hotload.api import SnapshotKind
 from hotload.errors import ChainBroken, DecodeFailed
-from hotload.snapshot.codec.frames import decompress_exact
 from hotload.snapshot.codec.tensor_codec import ChunkJob, needs_previous, plan_decode
 from hotload.snapshot.delta_files import DeltaFiles
 from hotload.snapshot.digest import file_digest, tensor_hash, tensor_set_digest
 from hotload.snapshot.dtypes import DTYPES
-from hotload.snapshot.in_place import can_patch_in_place, rebuild_in_place, record_bytes
+from hotload.snapshot.in_place import (
+    can_patch_in_place,
+    rebuild_in_place,
+    record_bytes,
+    stored_header,
+)
 from hotload.snapshot.layout import CONFIG, REBUILT_NAME, check_config_change, scan
 from hotload.snapshot.limits import DEFAULT_CHUNK_ELEMENTS
 from hotload.snapshot.manifest import (
@@ -45,7 +49,6 @@ from hotload.snapshot.paths import inside
 from hotload.snapshot.safetensors_file import SafetensorsHeader, length_prefix, parse_header
 from hotload.snapshot.shard_checks import (
     check_complete_shards,
-    check_shard_header,
     check_tensor_hash,
     check_tensors_match,
     entries_by_shard,
@@ -125,7 +128,7 @@ def rebuild(
             previous=manifest.previous,
         )
     in_place = consume_previous and previous is not None and incremental
-    if in_place and previous is not None and can_patch_in_place(previous, manifest):
+    if in_place and previous is not None and can_patch_in_place(previous, snapshot, manifest):
         _check_previous_directory(previous, manifest, verify_previous)
         rebuild_in_place(previous, snapshot, out, manifest, _record(manifest, digest))
         files = sum(1 for p in out.rglob("*") if p.is_file())
@@ -266,12 +269,7 @@ def _shard_header(
                 file=entry.path,
             )
         return header_bytes
-    frame = deltas.read(entry.header)
-    stored = decompress_exact(frame, entry.header_length, what=f"header of {entry.path}")
-    if stored is None:
-        raise DecodeFailed("a stored shard header is empty", file=entry.path)
-    check_shard_header(entry, stored, manifest)
-    return stored
+    return stored_header(deltas, entry, manifest)
 
 
 Task = Callable[[], None]
