@@ -38,6 +38,8 @@ from hotload.local.region import (
     validate_index,
     validate_name,
 )
+from hotload.local.runtime.settings import RuntimeSettings
+from hotload.local.runtime.volumes import remove_memory_root
 from hotload.local.state import (
     StateFile,
     kubeconfig_path,
@@ -340,6 +342,7 @@ def _down_locked(directory: Path, *, raise_on_leftovers: bool = True) -> None:
 def _clear_region_dir(region_dir: Path) -> None:
     if not region_dir.is_dir():
         return
+    remove_memory_root(RuntimeSettings.pods_dir_of(region_dir))
     for child in region_dir.iterdir():
         if child.name in KEPT_ON_DOWN:
             continue

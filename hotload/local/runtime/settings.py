@@ -82,7 +82,12 @@ class RuntimeSettings:
     @property
     def pods_dir(self) -> Path:
         """One directory per pod (volumes, container roots, logs, kubeconfig)."""
-        return self.runtime_dir / "pods"
+        return self.pods_dir_of(self.region_dir)
+
+    @staticmethod
+    def pods_dir_of(region_dir: Path) -> Path:
+        """The pods directory of the region whose state is ``region_dir``."""
+        return region_dir / RUNTIME_DIRNAME / "pods"
 
     @property
     def processes_dir(self) -> Path:

@@ -4,21 +4,29 @@ Layout (one directory per pod under the region's ``runtime/pods``)::
 
     <ns>_<name>_<uid>/
         kubeconfig                 the pod-bound token (``KUBECONFIG``)
-        volumes/<volume>/          emptyDir (medium Memory too: a plain directory, so
-                                   ``down`` removes it with the region), configMap,
-                                   secret, projected and downwardAPI files
+        volumes/<volume>/          emptyDir, configMap, secret, projected and
+                                   downwardAPI files; an emptyDir of medium Memory is a
+                                   link to a folder on tmpfs (below)
         containers/<c>/root/       the container's ``HOTLOAD_ROOT``: ``root/<mountPath>``
                                    is a link to the volume (or its ``subPath``)
         logs/<c>.log               the container's stdout and stderr, across restarts
 
 Every container of the pod that mounts a volume reaches the same folder, even at
-different mount paths (CONTRACTS.md, the pod contract). Other volume types (hostPath,
+different mount paths (CONTRACTS.md, the pod contract).
+
+``emptyDir: {medium: Memory}`` is backed by tmpfs, as the kubelet does: its folder lives
+under ``/dev/shm/hotload-<hash of the pods directory>/<pod>/<volume>`` (the region's
+memory root), so staging there costs what it costs in a real pod — no disk writes, no
+fsync to a device — and counts against memory. Where ``/dev/shm`` is missing it is a
+plain directory as before. ``down`` and the runtime's cleanup remove the memory root
+with the pods. Other volume types (hostPath,
 persistentVolumeClaim, ...) are refused with ``CreateContainerConfigError`` when a
 container mounts them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from collections.abc import Mapping
@@ -31,6 +39,22 @@ from hotload.local.runtime.environment import ApiSources, PodFacts, field_value
 from hotload.mounts import host_path
 
 SUPPORTED_VOLUMES: Final = ("emptyDir", "configMap", "secret", "projected", "downwardAPI")
+SHARED_MEMORY: Final = Path("/dev/shm")
+
+
+def memory_root(pods_dir: Path) -> Path | None:
+    """Where the region's Memory emptyDirs live (tmpfs), or None where there is none."""
+    if not SHARED_MEMORY.is_dir():
+        return None
+    digest = hashlib.sha256(str(pods_dir.absolute()).encode()).hexdigest()[:16]
+    return SHARED_MEMORY / f"hotload-{digest}"
+
+
+def remove_memory_root(pods_dir: Path) -> None:
+    """Remove every Memory emptyDir of the region whose pods live in ``pods_dir``."""
+    root = memory_root(pods_dir)
+    if root is not None:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _safe_relative(path: str, *, what: str) -> PurePosixPath:
@@ -46,9 +70,11 @@ class PodDirectory:
     def __init__(self, pods_dir: Path, pod: Mapping[str, Any]) -> None:
         metadata = pod["metadata"]
         self.uid = str(metadata["uid"])
-        self.path = (
-            pods_dir / f"{metadata.get('namespace', 'default')}_{metadata['name']}_{self.uid}"
-        )
+        name = f"{metadata.get('namespace', 'default')}_{metadata['name']}_{self.uid}"
+        self.path = pods_dir / name
+        root = memory_root(pods_dir)
+        self.memory_path = None if root is None else root / name
+        """The pod's folder on tmpfs, for its emptyDirs of medium Memory."""
 
     @property
     def kubeconfig(self) -> Path:
@@ -96,7 +122,7 @@ class PodDirectory:
                 continue
             target = self.volume_dir(name)
             if kind == "emptyDir":
-                target.mkdir(parents=True, exist_ok=True)
+                self._empty_dir(target, name, volume["emptyDir"] or {})
             elif kind == "configMap":
                 spec = volume["configMap"]
                 self._key_files(target, "ConfigMap", spec["name"], spec, sources.config_maps)
@@ -108,6 +134,20 @@ class PodDirectory:
                 self._downward_files(target, volume["downwardAPI"].get("items") or [], facts)
             else:
                 self._projected(target, volume["projected"], facts, sources, tokens)
+
+    def _empty_dir(self, target: Path, name: str, spec: Mapping[str, Any]) -> None:
+        if spec.get("medium") != "Memory" or self.memory_path is None:
+            target.mkdir(parents=True, exist_ok=True)
+            return
+        folder = self.memory_path / name
+        folder.mkdir(parents=True, exist_ok=True)
+        if target.is_symlink() and Path(os.readlink(target)) == folder:
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        link = target.with_name(f".{name}.link")
+        link.unlink(missing_ok=True)
+        link.symlink_to(folder, target_is_directory=True)
+        os.replace(link, target)
 
     def _key_files(
         self,
@@ -212,17 +252,22 @@ class PodDirectory:
     # --- cleanup -----------------------------------------------------------------------
 
     def remove(self) -> None:
-        """Delete the pod's files (volumes, roots, kubeconfig, logs)."""
+        """Delete the pod's files (volumes, roots, kubeconfig, logs, its tmpfs folder)."""
         shutil.rmtree(self.path, ignore_errors=True)
+        if self.memory_path is not None:
+            shutil.rmtree(self.memory_path, ignore_errors=True)
 
 
 def remove_stale_pod_dirs(pods_dir: Path, live_uids: set[str]) -> list[str]:
     """Remove the directories of pods that no longer exist (after a runtime restart)."""
     removed: list[str] = []
-    if pods_dir.is_dir():
-        for entry in pods_dir.iterdir():
-            uid = entry.name.rsplit("_", 1)[-1]
-            if uid not in live_uids:
-                shutil.rmtree(entry, ignore_errors=True)
-                removed.append(entry.name)
+    root = memory_root(pods_dir)
+    for directory in (pods_dir, root):
+        if directory is not None and directory.is_dir():
+            for entry in directory.iterdir():
+                uid = entry.name.rsplit("_", 1)[-1]
+                if uid not in live_uids:
+                    shutil.rmtree(entry, ignore_errors=True)
+                    if directory == pods_dir:
+                        removed.append(entry.name)
     return removed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,12 @@ import pytest
 
 from hotload.errors import ContainerConfigInvalid
 from hotload.local.runtime.environment import ApiSources, PodFacts
-from hotload.local.runtime.volumes import PodDirectory, remove_stale_pod_dirs
+from hotload.local.runtime.volumes import (
+    PodDirectory,
+    memory_root,
+    remove_memory_root,
+    remove_stale_pod_dirs,
+)
 from hotload.mounts import host_path
 
 POD: dict[str, Any] = {
@@ -65,6 +71,25 @@ POD: dict[str, Any] = {
 SOURCES = ApiSources(secrets={"s": {"password": "hunter2"}}, config_maps={"cm": {"k": "v"}})
 
 
+@pytest.fixture(autouse=True)
+def _no_memory_left(tmp_path: Path) -> Iterator[None]:
+    """Memory emptyDirs live on /dev/shm, outside tmp_path: remove them after each test."""
+    yield
+    remove_memory_root(tmp_path / "pods")
+
+
+def _filesystem_type(path: Path) -> str:
+    """The type of the filesystem holding ``path`` (longest mount point of /proc/mounts)."""
+    resolved = str(path.resolve())
+    best, kind = "", ""
+    for line in Path("/proc/mounts").read_text().splitlines():
+        mount_point, fs_type = line.split()[1:3]
+        inside = resolved == mount_point or resolved.startswith(mount_point.rstrip("/") + "/")
+        if inside and len(mount_point) > len(best):
+            best, kind = mount_point, fs_type
+    return kind
+
+
 def _prepared(tmp_path: Path, pod: dict[str, Any] = POD) -> PodDirectory:
     directory = PodDirectory(tmp_path / "pods", pod)
     directory.create()
@@ -116,3 +141,42 @@ def test_stale_pod_directories_are_removed_and_live_ones_kept(tmp_path: Path) ->
     removed = remove_stale_pod_dirs(tmp_path / "pods", {"u-1"})
     assert removed == [gone.path.name]
     assert live.path.exists() and not gone.path.exists()
+
+
+def test_memory_empty_dirs_are_on_tmpfs_as_in_a_real_pod(tmp_path: Path) -> None:
+    """The kubelet backs ``emptyDir: {medium: Memory}`` with tmpfs; so does the runtime,
+    so staging pays no disk writes or fsync to a device here either."""
+    pod = {**POD, "spec": {**POD["spec"], "volumes": [*POD["spec"]["volumes"]]}}
+    pod["spec"]["volumes"].append({"name": "scratch", "emptyDir": {}})
+    directory = _prepared(tmp_path, pod)
+    staging = directory.volume_dir("staging")
+    root = memory_root(tmp_path / "pods")
+    assert root is not None and staging.resolve().is_relative_to(root)
+    assert _filesystem_type(staging) == "tmpfs"
+    assert not directory.volume_dir("scratch").is_symlink()  # no medium: a plain folder
+    sidecar_root = directory.mount(POD["spec"]["containers"][1])
+    (host_path("/data/staging", sidecar_root) / "w").write_bytes(b"x")
+    assert (staging.resolve() / "w").read_bytes() == b"x"
+    directory.prepare_volumes(pod, PodFacts(pod, "127.9.1.1", "127.0.0.1"), SOURCES, {})
+    assert (staging / "w").read_bytes() == b"x", "refreshing volumes must keep their files"
+
+
+def test_removing_a_pod_removes_its_memory_volumes(tmp_path: Path) -> None:
+    directory = _prepared(tmp_path)
+    folder = directory.volume_dir("staging").resolve()
+    assert folder.is_dir()
+    directory.remove()
+    assert not folder.exists() and not directory.path.exists()
+
+
+def test_stale_memory_volumes_are_removed_and_the_region_root_on_down(tmp_path: Path) -> None:
+    live = _prepared(tmp_path)
+    pod = {**POD, "metadata": {**POD["metadata"], "name": "old", "uid": "u-gone"}}
+    gone = _prepared(tmp_path, pod)
+    gone_folder = gone.volume_dir("staging").resolve()
+    remove_stale_pod_dirs(tmp_path / "pods", {"u-1"})
+    assert not gone_folder.exists()
+    assert live.volume_dir("staging").resolve().is_dir()
+    remove_memory_root(tmp_path / "pods")
+    root = memory_root(tmp_path / "pods")
+    assert root is not None and not root.exists()
