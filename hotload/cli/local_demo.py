@@ -20,8 +20,14 @@ def demo_command(
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds to wait for each rollout."),
     state: Path | None = typer.Option(None, "--state-dir", help=STATE_HELP),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the timings here."),
+    break_chain: bool = typer.Option(
+        True,
+        "--break-chain/--no-break-chain",
+        help="Corrupt one delta in the bucket and show the fallback to the next Full.",
+    ),
 ) -> None:
-    """Publish snapshots to a file:// bucket and watch every replica in every region load them."""
+    """Install the chart with helm, publish snapshots to a file:// bucket, wait until every
+    replica in every region serves each one, break one delta and recover with a Full."""
     from hotload.local.demo import DemoSettings, run_demo, timings_json
 
     settings = DemoSettings(
@@ -31,6 +37,7 @@ def demo_command(
         lr=lr,
         ready_timeout_s=timeout,
         state_dir=state,
+        break_chain=break_chain,
     )
     result = run_demo(settings, say=typer.echo)
     if json_out is not None:
