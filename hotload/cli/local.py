@@ -41,7 +41,7 @@ LOCAL_SUBCOMMANDS: Final = (
     LazyCommand(
         "demo",
         "hotload.cli.local_demo:app",
-        "Publish snapshots to a file:// bucket and watch every replica in every region load them.",
+        "Install the chart, publish snapshots, break one delta, watch every replica recover.",
     ),
 )
 

@@ -26,8 +26,7 @@ def demo_command(
         help="Corrupt one delta in the bucket and show the fallback to the next Full.",
     ),
 ) -> None:
-    """Install the chart with helm, publish snapshots to a file:// bucket, wait until every
-    replica in every region serves each one, break one delta and recover with a Full."""
+    """Install the chart, publish snapshots, break one delta, watch every replica recover."""
     from hotload.local.demo import DemoSettings, run_demo, timings_json
 
     settings = DemoSettings(
