@@ -56,6 +56,11 @@ class DeploymentRow:
     degraded: str
     degraded_reason: str
     message: str
+    newest_step: int | None = None
+    """The newest step published for this deployment, in any region."""
+    lag: int | None = None
+    """Freshness lag: steps between the newest published snapshot (any region) and the
+    oldest one a replica here serves (None when unknown)."""
 
     @property
     def needs_attention(self) -> bool:
@@ -77,6 +82,9 @@ class ReplicaRow:
     """Steps behind the deployment's target (None when a step is unknown)."""
     reason: str | None
     message: str | None
+    lag: int | None = None
+    """Freshness lag: steps behind the newest snapshot published for the deployment in any
+    region (the trainer's newest step), not only this region's target."""
 
 
 def _meta(body: Body) -> Body:
@@ -90,7 +98,34 @@ def _condition(status: Body, kind: str) -> Body:
     return {}
 
 
-def deployment_rows(objects: RegionObjects) -> list[DeploymentRow]:
+Newest = Mapping[tuple[str, str], int]
+"""(namespace, deployment) → the newest step published for it in any region."""
+
+
+def newest_steps(regions: Iterable[RegionObjects]) -> dict[tuple[str, str], int]:
+    """Across every region read: each deployment's newest published step (the trainer's
+    newest, as far as any region knows it)."""
+    newest: dict[tuple[str, str], int] = {}
+    for objects in regions:
+        for body in objects.snapshots:
+            spec = body.get("spec") or {}
+            step = spec.get("step")
+            name = (spec.get("deploymentRef") or {}).get("name")
+            if not isinstance(step, int) or not name:
+                continue
+            key = (str(_meta(body).get("namespace") or ""), str(name))
+            newest[key] = max(step, newest.get(key, step))
+    return newest
+
+
+def _lag(newest: Newest | None, key: tuple[str, str], served: int | None) -> int | None:
+    top = newest.get(key) if newest is not None else None
+    return max(0, top - served) if top is not None and served is not None else None
+
+
+def deployment_rows(objects: RegionObjects, newest: Newest | None = None) -> list[DeploymentRow]:
+    """One row per RolloutDeployment; ``newest`` (see :func:`newest_steps`) adds the lag."""
+    served_steps = _served_steps(objects)
     rows = []
     for body in objects.deployments:
         status: Body = body.get("status") or {}
@@ -117,9 +152,30 @@ def deployment_rows(objects: RegionObjects) -> list[DeploymentRow]:
                 degraded=str(degraded.get("status") or "Unknown"),
                 degraded_reason=str(degraded.get("reason") or ""),
                 message=str(attention.get("message") or ""),
+                newest_step=(newest or {}).get(_key(body)),
+                lag=_lag(newest, _key(body), min(served_steps.get(_key(body), []), default=None)),
             )
         )
     return sort_deployments(rows)
+
+
+def _key(body: Body) -> tuple[str, str]:
+    return (str(_meta(body).get("namespace") or ""), str(_meta(body).get("name") or ""))
+
+
+def _served_steps(objects: RegionObjects) -> dict[tuple[str, str], list[int]]:
+    """(namespace, deployment) → the step each of its replicas serves (when known)."""
+    steps = _steps(objects.snapshots)
+    served: dict[tuple[str, str], list[int]] = {}
+    for body in objects.pods:
+        meta = _meta(body)
+        identity = (meta.get("annotations") or {}).get(contract.ANNOTATION_SNAPSHOT)
+        namespace = str(meta.get("namespace") or "")
+        step = steps.get((namespace, identity)) if identity else None
+        if step is not None:
+            owner = str((meta.get("labels") or {}).get(INSTANCE_LABEL) or "")
+            served.setdefault((namespace, owner), []).append(step)
+    return served
 
 
 def sort_deployments(rows: Iterable[DeploymentRow]) -> list[DeploymentRow]:
@@ -140,8 +196,10 @@ def _steps(snapshots: Iterable[Body]) -> dict[tuple[str, str], int]:
     return steps
 
 
-def replica_rows(objects: RegionObjects, deployment: str | None = None) -> list[ReplicaRow]:
-    """One row per replica pod, from what its sidecar reports."""
+def replica_rows(
+    objects: RegionObjects, deployment: str | None = None, newest: Newest | None = None
+) -> list[ReplicaRow]:
+    """One row per replica pod, from what its sidecar reports; ``newest`` adds the lag."""
     steps = _steps(objects.snapshots)
     targets = {
         (str(_meta(b).get("namespace")), str(_meta(b).get("name"))): (
@@ -181,6 +239,7 @@ def replica_rows(objects: RegionObjects, deployment: str | None = None) -> list[
                 behind=behind,
                 reason=notes.get(contract.ANNOTATION_REASON) if failed else None,
                 message=notes.get(contract.ANNOTATION_MESSAGE) if failed else None,
+                lag=_lag(newest, (namespace, owner), served_step),
             )
         )
     return sort_replicas(rows)
@@ -230,8 +289,12 @@ def as_data(rows: Sequence[DeploymentRow] | Sequence[ReplicaRow]) -> list[dict[s
     return [asdict(row) for row in rows]
 
 
+#: (connect, read) seconds per list: a region whose apiserver hangs is reported, not waited on.
+REQUEST_TIMEOUT: Final = (5.0, 30.0)
+
+
 def _list(call: Any, *args: Any, **kwargs: Any) -> list[Body]:
-    response = call(*args, _preload_content=False, **kwargs)
+    response = call(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kwargs)
     return list(json.loads(response.data).get("items") or [])
 
 
@@ -281,12 +344,17 @@ def read_regions(
 ) -> tuple[list[RegionObjects], dict[str, KubeError]]:
     """Every context asked for (the current one when none); a region that fails is reported
     beside the others instead of hiding them."""
+    from concurrent.futures import ThreadPoolExecutor
+
     regions: list[RegionObjects] = []
     errors: dict[str, KubeError] = {}
     wanted: list[str | None] = [*contexts] if contexts else [current_context(kubeconfig)]
-    for context in wanted:
-        try:
-            regions.append(read_region(kubeconfig, context, namespace))
-        except KubeError as err:
-            errors[context or "in-cluster"] = err
+    # Side by side: the view takes as long as the slowest region, not their sum.
+    with ThreadPoolExecutor(max_workers=min(len(wanted), 16)) as pool:
+        futures = [pool.submit(read_region, kubeconfig, context, namespace) for context in wanted]
+        for context, future in zip(wanted, futures, strict=True):
+            try:
+                regions.append(future.result())
+            except KubeError as err:
+                errors[context or "in-cluster"] = err
     return regions, errors

@@ -7,14 +7,12 @@ from pathlib import Path
 
 import typer
 
+from hotload.cli.fleet_output import CONTEXT_HELP, KUBECONFIG_HELP, kubeconfig_path
 from hotload.cli.kube_contexts import (
-    CONTEXT_HELP,
     ENDPOINT_HELP,
-    KUBECONFIG_HELP,
     NAMESPACE_HELP,
     parse_endpoints,
     resolve_contexts,
-    resolve_kubeconfig,
 )
 from hotload.cli.output import OutputFormat, emit
 
@@ -49,7 +47,7 @@ def gc_command(
     from hotload.publish.garbage import collect_garbage
     from hotload.publish.region_client import RegionClient
 
-    config = resolve_kubeconfig(kubeconfig)
+    config = kubeconfig_path(kubeconfig)
     contexts = resolve_contexts(context, config)
     clients = {c: RegionClient(c, config, namespace, deployment) for c in contexts}
     try:

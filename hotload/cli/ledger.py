@@ -26,7 +26,7 @@ from hotload.cli.output import OutputFormat, emit, print_table
 app = typer.Typer()
 
 COLUMNS = ["REGION", "NAMESPACE", "DEPLOYMENT", "POD", "SNAPSHOT", "TARGET", "STATE", "BEHIND",
-           "SINCE", "VIA", "REASON", "MESSAGE"]  # fmt: skip
+           "LAG", "SINCE", "VIA", "REASON", "MESSAGE"]  # fmt: skip
 
 
 @app.command("ledger")
@@ -42,10 +42,13 @@ def ledger(
 ) -> None:
     """Per replica: what it serves, its state, since when, how, and why it failed.
 
-    Failed and lagging replicas come first. Exits 1 when a region cannot be read.
+    BEHIND counts steps to the region's target; LAG to the newest snapshot published for
+    the deployment in any region given (the freshness lag). Failed and lagging replicas
+    come first. Exits 1 when a region cannot be read.
     """
     from hotload.cli.fleet_view import (
         as_data,
+        newest_steps,
         replica_rows,
         snapshot_ledger_rows,
         sort_replicas,
@@ -55,7 +58,8 @@ def ledger(
     if snapshot is not None:
         rows = [row for region in regions for row in snapshot_ledger_rows(region, snapshot)]
     else:
-        rows = [row for region in regions for row in replica_rows(region, deployment)]
+        newest = newest_steps(regions)
+        rows = [row for region in regions for row in replica_rows(region, deployment, newest)]
     rows = sort_replicas(rows)
     if not emit(as_data(rows), output):
         if not rows:
@@ -65,7 +69,8 @@ def ledger(
                 COLUMNS,
                 [
                     [row.region, row.namespace, row.deployment, row.pod, dash(row.snapshot),
-                     dash(row.target), row.state, dash(row.behind), dash(row.since),
+                     dash(row.target), row.state, dash(row.behind), dash(row.lag),
+                     dash(row.since),
                      dash(row.via), dash(row.reason), dash(row.message)]
                     for row in rows
                 ],

@@ -79,10 +79,29 @@ def up_command(
     build: bool = typer.Option(
         False, "--build", help="Run hack/build-tools first when binaries are missing."
     ),
+    object_storage: bool = typer.Option(
+        False,
+        "--object-storage",
+        help="A bucket per region (MinIO) behind an emulated WAN link (toxiproxy), "
+        "replicated between the regions.",
+    ),
+    wan_rate: int = typer.Option(
+        0, "--wan-rate", min=0, help="WAN link bandwidth in KB/s each way (0: unlimited)."
+    ),
+    wan_latency: int = typer.Option(
+        0, "--wan-latency", min=0, help="WAN link one-way latency in ms."
+    ),
+    replication: bool = typer.Option(
+        True, "--replication/--no-replication", help="MinIO bucket replication between regions."
+    ),
+    prometheus: bool = typer.Option(
+        False, "--prometheus", help="A Prometheus per region scraping operators and sidecars."
+    ),
 ) -> None:
     """Start the local regions (or report that they are already up) and print how to reach them."""
     from hotload.errors import ConfigError
     from hotload.local import lifecycle as local_regions
+    from hotload.local.region import RegionAddons, WanLink
 
     chosen = _names(names)
     if chosen is not None and regions is not None:
@@ -95,13 +114,33 @@ def up_command(
         gpus_per_node=gpus_per_node,
         index_base=index_base,
         build=build,
+        addons=RegionAddons(
+            object_storage=object_storage,
+            wan=WanLink(rate_kb_s=wan_rate, latency_ms=wan_latency),
+            replication=replication,
+            prometheus=prometheus,
+        ),
     )
+    from hotload.local import object_storage as buckets
+    from hotload.local import prometheus as local_prometheus
+    from hotload.local import wan
+
     for region in result.regions:
         typer.echo(
             f"{region.name}: {region.apiserver_url}  pods 127.{region.index}.0.0/16  "
             f"{region.nodes} nodes x {region.gpus_per_node} GPUs"
         )
+        if buckets.enabled(region):
+            typer.echo(
+                f"  bucket {buckets.bucket_url(region)}: in-region {buckets.endpoint(region)}, "
+                f"over the WAN {wan.endpoint(region)}"
+            )
+        if local_prometheus.enabled(region):
+            typer.echo(f"  prometheus {local_prometheus.url(region)}")
     typer.echo(f"export KUBECONFIG={result.kubeconfig}")
+    if any(buckets.enabled(region) for region in result.regions):
+        typer.echo(f"export AWS_SHARED_CREDENTIALS_FILE={result.aws_credentials_file}")
+        typer.echo(f"export AWS_CONFIG_FILE={result.aws_config_file}")
 
 
 @local_app.command("down")

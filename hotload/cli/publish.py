@@ -17,14 +17,12 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from hotload.cli.fleet_output import CONTEXT_HELP, KUBECONFIG_HELP, kubeconfig_path
 from hotload.cli.kube_contexts import (
-    CONTEXT_HELP,
     ENDPOINT_HELP,
-    KUBECONFIG_HELP,
     NAMESPACE_HELP,
     parse_endpoints,
     resolve_contexts,
-    resolve_kubeconfig,
 )
 from hotload.cli.output import OutputFormat, emit, print_table
 
@@ -73,7 +71,7 @@ def publish_command(
     """Publish a model directory as the next snapshot, to every region."""
     from hotload.publish import Publisher, PublisherSettings
 
-    config = resolve_kubeconfig(kubeconfig)
+    config = kubeconfig_path(kubeconfig)
     contexts = resolve_contexts(context, config)
     settings = PublisherSettings(
         deployment=deployment,

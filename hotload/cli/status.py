@@ -24,7 +24,7 @@ from hotload.cli.output import OutputFormat, emit, print_table
 app = typer.Typer()
 
 COLUMNS = ["REGION", "NAMESPACE", "DEPLOYMENT", "READY", "UPDATED", "TARGET", "CURRENT",
-           "STATES", "AVAILABLE", "DEGRADED", "MESSAGE"]  # fmt: skip
+           "LAG", "STATES", "AVAILABLE", "DEGRADED", "MESSAGE"]  # fmt: skip
 
 
 @app.command("status")
@@ -36,12 +36,15 @@ def status(
 ) -> None:
     """Per region: each deployment's target, current snapshot, counts and conditions.
 
-    Degraded and lagging deployments come first. Exits 1 when a region cannot be read.
+    LAG is the freshness lag in steps: the newest snapshot published for the deployment in
+    any region given, minus the oldest one a replica of this region serves. Degraded and
+    lagging deployments come first. Exits 1 when a region cannot be read.
     """
-    from hotload.cli.fleet_view import as_data, deployment_rows, sort_deployments
+    from hotload.cli.fleet_view import as_data, deployment_rows, newest_steps, sort_deployments
 
     regions, errors = read(kubeconfig, context, namespace)
-    rows = sort_deployments(row for region in regions for row in deployment_rows(region))
+    newest = newest_steps(regions)
+    rows = sort_deployments(row for region in regions for row in deployment_rows(region, newest))
     if not emit(as_data(rows), output):
         if not rows:
             typer.echo("no RolloutDeployments")
@@ -51,6 +54,7 @@ def status(
                 [
                     [row.region, row.namespace, row.deployment, f"{row.ready}/{row.desired}",
                      f"{row.updated}/{row.desired}", dash(row.target), dash(row.current),
+                     dash(row.lag),
                      " ".join(f"{k}={v}" for k, v in sorted(row.states.items())) or "-",
                      row.available,
                      row.degraded_reason if row.degraded == "True" else row.degraded,

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from hotload.errors import ConfigError, LocalRegionError
+from hotload.local import addons as addon_parts
 from hotload.local import bootstrap, claims, kubeconfigs, processes
 from hotload.local.components import region_processes
 from hotload.local.control_plane import kwok_stages_text
@@ -33,6 +34,7 @@ from hotload.local.ports import free_port, wait_ports_free
 from hotload.local.processes import ProcessRecord, ProcessSpec, Wave
 from hotload.local.region import (
     Region,
+    RegionAddons,
     RegionPorts,
     default_names,
     validate_index,
@@ -80,6 +82,15 @@ class LocalRegions:
 
     def __getitem__(self, name: str) -> Region:
         return self.region(name)
+
+    @property
+    def aws_credentials_file(self) -> Path:
+        """AWS credentials with a profile per region (object storage add-on)."""
+        return self.state_dir / addon_parts.AWS_DIR / "credentials"
+
+    @property
+    def aws_config_file(self) -> Path:
+        return self.state_dir / addon_parts.AWS_DIR / "config"
 
 
 class RegionStatus(BaseModel):
@@ -155,8 +166,12 @@ def up(
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
     index_base: int = 1,
     build: bool = False,
+    addons: RegionAddons | None = None,
 ) -> LocalRegions:
     """Bring local regions up (default ``region-1``) and return where to reach them.
+
+    ``addons`` adds a bucket per region behind an emulated WAN link (with replication
+    between the regions' buckets) and a Prometheus per region (see ``hotload.local.addons``).
 
     On a state directory whose regions already run with the same names, this says so and
     returns them. Regions left half-up (a crash, a killed process) are torn down and
@@ -172,9 +187,11 @@ def up(
         )
     for position in range(len(chosen)):
         validate_index(index_base + position)
-    if build and missing_tools(CONTROL_PLANE_TOOLS):
-        build_tools()
-    tools = require_tools(CONTROL_PLANE_TOOLS)
+    extras = addons or RegionAddons()
+    wanted = (*CONTROL_PLANE_TOOLS, *addon_parts.tools(extras, len(chosen)))
+    if build and missing_tools(wanted):
+        build_tools(addon_parts.build_groups(extras))
+    tools = require_tools(wanted)
     directory = (state_dir or default_state_dir()).expanduser().resolve()
     with locked(directory):
         existing = load(directory)
@@ -197,7 +214,7 @@ def up(
                 extra={"state_dir": str(directory)},
             )
         _down_locked(directory)
-        planned = _plan(directory, chosen, nodes, gpus_per_node, index_base)
+        planned = _plan(directory, chosen, nodes, gpus_per_node, index_base, extras)
         claims.claim({region.index: region.name for region in planned.regions}, directory)
         try:
             write_state(directory, StateFile(regions=list(planned.regions)))
@@ -211,7 +228,12 @@ def up(
 
 
 def _plan(
-    directory: Path, names: list[str], nodes: int, gpus_per_node: int, index_base: int
+    directory: Path,
+    names: list[str],
+    nodes: int,
+    gpus_per_node: int,
+    index_base: int,
+    addons: RegionAddons,
 ) -> LocalRegions:
     kubeconfig = kubeconfig_path(directory)
     planned = tuple(
@@ -227,9 +249,11 @@ def _plan(
                 controller_manager=free_port(),
                 scheduler=free_port(),
                 kwok=free_port(),
+                **addon_parts.ports(addons),
             ),
             nodes=nodes,
             gpus_per_node=gpus_per_node,
+            addons=addons,
         )
         for position, name in enumerate(names)
     )
@@ -250,6 +274,7 @@ def _prepare(planned: LocalRegions) -> None:
         region.kwok_stages.write_text(kwok_stages_text())
         write_json_atomically(region.services_file, {})
     kubeconfigs.write(planned.kubeconfig, entries)
+    addon_parts.prepare(planned.regions, planned.state_dir)
 
 
 def _start_all(planned: LocalRegions, tools: dict[str, Path]) -> None:
@@ -258,6 +283,7 @@ def _start_all(planned: LocalRegions, tools: dict[str, Path]) -> None:
         futures = [pool.submit(_start_region, region, tools) for region in planned.regions]
         for future in futures:
             future.result()
+    addon_parts.all_up(planned.regions, planned.state_dir)
     log.info(
         "regions up",
         extra={
@@ -282,7 +308,9 @@ def _start_region(region: Region, tools: dict[str, Path]) -> None:
         wave_specs = by_wave.get(wave, [])
         if wave_specs:
             _start_wave(region, wave_specs)
-        if wave is Wave.API:
+        if wave is Wave.STORAGE:
+            addon_parts.storage_ready(region)
+        elif wave is Wave.API:
             bootstrap.bootstrap(region)
         elif wave is Wave.CONTROLLERS:
             bootstrap.wait_nodes_schedulable(region)
@@ -320,6 +348,8 @@ def _down_locked(directory: Path, *, raise_on_leftovers: bool = True) -> None:
         _clear_region_dir(region_dir)
     for name in ("regions.json", "kubeconfig"):
         (directory / name).unlink(missing_ok=True)
+    for name in addon_parts.STATE_DIRS:
+        shutil.rmtree(directory / name, ignore_errors=True)
     released = claims.release(directory)
     if records or released:
         log.info(

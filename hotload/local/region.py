@@ -36,16 +36,55 @@ class RegionPorts(BaseModel):
     """Its secure port, for /healthz."""
     scheduler: int
     kwok: int
+    minio: int | None = None
+    """The region's S3 endpoint (object storage add-on)."""
+    minio_console: int | None = None
+    wan: int | None = None
+    """The WAN link's listener: the region's S3 endpoint as the world outside reaches it."""
+    wan_api: int | None = None
+    """toxiproxy's API (and its /metrics: bytes over the link)."""
+    prometheus: int | None = None
 
     def all(self) -> tuple[int, ...]:
-        return (
+        ports = (
             self.etcd_client,
             self.etcd_peer,
             self.apiserver,
             self.controller_manager,
             self.scheduler,
             self.kwok,
+            self.minio,
+            self.minio_console,
+            self.wan,
+            self.wan_api,
+            self.prometheus,
         )
+        return tuple(port for port in ports if port is not None)
+
+
+class WanLink(BaseModel):
+    """The emulated link between the world outside a region and its bucket."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rate_kb_s: int = 0
+    """Bandwidth in KB/s, each direction (0: unlimited)."""
+    latency_ms: int = 0
+    """Added one-way latency."""
+
+
+class RegionAddons(BaseModel):
+    """Optional parts of a region, beyond its control plane and pod runtime."""
+
+    model_config = ConfigDict(frozen=True)
+
+    object_storage: bool = False
+    """A MinIO with the region's bucket, behind an emulated WAN link (toxiproxy)."""
+    wan: WanLink = WanLink()
+    replication: bool = True
+    """With object storage in several regions: MinIO bucket replication between them."""
+    prometheus: bool = False
+    """A Prometheus scraping the region's operators and sidecars."""
 
 
 class Region(BaseModel):
@@ -64,6 +103,7 @@ class Region(BaseModel):
     ports: RegionPorts
     nodes: int
     gpus_per_node: int
+    addons: RegionAddons = RegionAddons()
 
     @property
     def context(self) -> str:

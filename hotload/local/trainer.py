@@ -21,6 +21,7 @@ import torch
 from hotload.api import KvCachePolicy, PolicySnapshot, SnapshotKind, SnapshotRef
 from hotload.engines.reference import model as reference_model
 from hotload.engines.reference import tokenizer
+from hotload.errors import ConfigError
 from hotload.snapshot import encode
 from hotload.snapshot.publish import publish_snapshot
 from hotload.storage import Storage
@@ -77,12 +78,13 @@ class PublishedSnapshot:
 
 
 class PolicyTrainer:
-    """fp32 master weights and AdamW; bf16 snapshots published to ``storage``."""
+    """fp32 master weights and AdamW; bf16 snapshots published to ``storage`` (or handed to
+    a :class:`hotload.publish.Publisher` through :meth:`inference_state`)."""
 
     def __init__(
         self,
         workdir: Path,
-        storage: Storage,
+        storage: Storage | None = None,
         *,
         name: str,
         size: str = "tiny",
@@ -132,6 +134,18 @@ class PolicyTrainer:
                 param.copy_(bits.view(dtype).view_as(param).to(param.dtype))
         self.step += 1
 
+    def inference_state(self) -> dict[str, torch.Tensor]:
+        """The weights a snapshot of this step holds (the storage dtype, canonical names):
+        what a training loop hands to ``Publisher.publish``."""
+        return reference_model.state_for_snapshot(
+            self.model, reference_model.storage_dtype(self.config)
+        )
+
+    def model_files(self, directory: Path) -> Path:
+        """A model directory of the current weights (config.json beside them): the
+        ``files_from`` of a publisher fed with :meth:`inference_state`."""
+        return reference_model.save_snapshot(self.model, directory)
+
     def identity_for(self, step: int, kind: SnapshotKind) -> str:
         return f"{self.name}-step-{step}"
 
@@ -160,6 +174,8 @@ class PolicyTrainer:
             step=self.step,
             previous_identity=previous.identity if previous else None,
         )
+        if self.storage is None:
+            raise ConfigError("this trainer has no storage to publish to", trainer=self.name)
         keys = await publish_snapshot(self.storage, encoded, identity)
         published = PublishedSnapshot(
             identity=identity,

@@ -20,6 +20,8 @@ EMBEDDED_VERSIONS: Final[dict[str, str]] = {
     "HELM_VERSION": "v4.3.1",
     "MINIO_VERSION": "v0.0.0-20260212201848-7aac2a2c5b7c",
     "TOXIPROXY_VERSION": "v2.5.0",
+    "MC_VERSION": "v0.0.0-20250313080218-cf909e1063a9",
+    "PROMETHEUS_VERSION": "v0.307.3",
 }
 
 #: Which pinned version each binary in the cache carries in its name (``NAME-VERSION``).
@@ -33,6 +35,8 @@ TOOL_VERSION_KEYS: Final[dict[str, str]] = {
     "helm": "HELM_VERSION",
     "minio": "MINIO_VERSION",
     "toxiproxy-server": "TOXIPROXY_VERSION",
+    "mc": "MC_VERSION",
+    "prometheus": "PROMETHEUS_VERSION",
 }
 
 

@@ -9,7 +9,6 @@ roles, web identity). Nothing here reads a credential itself or logs one.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cache
 
 import boto3
 
@@ -20,8 +19,9 @@ BucketOpener = Callable[[RegionBucket], Storage]
 """How the publisher opens a region's bucket (the default: :func:`open_region_bucket`)."""
 
 
-@cache
 def _available_profiles() -> frozenset[str]:
+    # Read each time a bucket is opened (once per region per publisher): the shared files
+    # may change while a trainer runs.
     return frozenset(boto3.session.Session().available_profiles)
 
 

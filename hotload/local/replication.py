@@ -1,0 +1,96 @@
+"""MinIO bucket replication between the regions' buckets, set up with MinIO's own client.
+
+Every region's bucket replicates to every other region's, each copy pushed through the
+receiving region's WAN link, so a snapshot written to any one region (the publisher's
+``--home``) crosses each link once. MinIO never replicates a replica again, so a mesh
+costs nothing over a star. Objects may arrive in any order (the manifest before the files
+it lists): the sidecar treats a listed file that is not there yet as NotFound, transient.
+Deletes replicate too (``hotload gc`` then only has to clean the home bucket, though it
+cleans all of them).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+from hotload.errors import LocalRegionError
+from hotload.local import object_storage, wan
+from hotload.local.region import Region
+from hotload.local.tools import tool_path
+
+log = logging.getLogger(__name__)
+
+REPLICATE: Final = "delete,delete-marker,existing-objects"
+TIMEOUT_S: Final = 60.0
+
+
+def _alias(region: Region) -> str:
+    return region.name.replace("-", "_")
+
+
+def _url(region: Region, endpoint: str) -> str:
+    creds = object_storage.credentials(region)
+    host = endpoint.removeprefix("http://")
+    return f"http://{creds.access_key_id}:{creds.secret_access_key}@{host}"
+
+
+NO_CONFIG: Final = "replication configuration not set"
+
+
+def _mc(config_dir: Path, regions: Sequence[Region], *args: str, allow: str | None = None) -> str:
+    """Run mc; its stdout. An error whose text contains ``allow`` counts as empty output."""
+    env = {
+        **os.environ,
+        **{f"MC_HOST_{_alias(r)}": _url(r, object_storage.endpoint(r)) for r in regions},
+    }
+    command = [str(tool_path("mc")), "--config-dir", str(config_dir), "--quiet", *args]
+    try:
+        done = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired as err:
+        raise LocalRegionError("mc did not finish", args=" ".join(args[:3])) from err
+    if done.returncode != 0 and allow is not None and allow in done.stdout + done.stderr:
+        return ""
+    if done.returncode != 0:
+        # Never echo the command line: the remote URL holds credentials.
+        raise LocalRegionError(
+            "mc failed to set up replication",
+            operation=" ".join(args[:2]),
+            error=done.stderr.strip()[-500:] or done.stdout.strip()[-500:],
+        )
+    return done.stdout
+
+
+def replicate_mesh(regions: Sequence[Region], config_dir: Path) -> int:
+    """Make every region's bucket replicate to every other's; the number of rules made."""
+    members = [r for r in regions if object_storage.enabled(r) and r.addons.replication]
+    if len(members) < 2:
+        return 0
+    config_dir.mkdir(parents=True, exist_ok=True)
+    rules = 0
+    for source in members:
+        bucket = f"{_alias(source)}/{object_storage.BUCKET}"
+        existing = _mc(config_dir, members, "replicate", "ls", bucket, allow=NO_CONFIG)
+        for priority, target in enumerate((r for r in members if r is not source), start=1):
+            remote = f"{_url(target, wan.endpoint(target))}/{object_storage.BUCKET}"
+            if wan.endpoint(target).removeprefix("http://") in existing:
+                continue
+            _mc(
+                config_dir,
+                members,
+                "replicate", "add", f"{_alias(source)}/{object_storage.BUCKET}",
+                "--remote-bucket", remote,
+                "--replicate", REPLICATE,
+                "--priority", str(priority),
+            )  # fmt: skip
+            rules += 1
+    log.info(
+        "bucket replication set up", extra={"regions": [r.name for r in members], "rules": rules}
+    )
+    return rules

@@ -1,0 +1,131 @@
+"""Cross-region, end to end: one trainer, three regions, each with its own bucket behind
+an emulated WAN link, buckets replicated by MinIO, the chart installed with helm in each.
+
+A real training loop publishes through the publisher (a Full, then deltas) and waits
+until every region is Ready; every byte of a snapshot crosses each region's link once; one
+region's apiserver stops for a while (the other two go on, it catches up when back); one
+delta is stored damaged (every region breaks the chain there and the publisher answers
+with a Full of the same step at once); and every completion names the policy that served
+it. Would catch any break between trainer, buckets, replication, operator, sidecars and
+engines across regions.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from pathlib import Path
+
+import pytest
+from kubernetes import client as k8s
+
+from hotload.api import SnapshotKind
+from hotload.local import LocalRegions, wan
+from hotload.local.corruption import corrupting_opener
+from hotload.local.fleets import FleetSpec, apply_fleet, complete
+from hotload.local.trainer import PolicyTrainer
+from hotload.publish import Publisher, PublisherSettings, RegionOutcome, identity_for
+from hotload.publish.region_client import RegionClient
+from hotload.waiting import wait_until
+from tests.fixtures.apiserver_outage import apiserver_down
+
+pytestmark = pytest.mark.cluster
+
+FLEET = "policy"
+#: HTTP requests, SigV4 headers and replication's own requests on top of the files.
+WAN_OVERHEAD_PER_REGION = 48 * 1024
+
+
+def test_one_trainer_three_regions_outage_corruption_and_bytes_over_the_wan(
+    wan_regions: LocalRegions,
+    wan_clients: dict[str, k8s.ApiClient],
+    wan_namespace: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    regions = list(wan_regions.regions)
+    names = [region.name for region in regions]
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(wan_regions.aws_credentials_file))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(wan_regions.aws_config_file))
+    spec = FleetSpec(name=FLEET, namespace=wan_namespace, replicas=1)
+    for region in regions:
+        apply_fleet(region, spec)
+
+    trainer = PolicyTrainer(tmp_path / "trainer", name="e2e", size="tiny", lr=1e-6)
+    prefix = f"e2e-{secrets.token_hex(3)}"
+    damaged = identity_for(prefix, 4, SnapshotKind.INCREMENTAL)
+    opener, buckets = corrupting_opener({damaged})
+    settings = PublisherSettings(
+        deployment=FLEET,
+        contexts=tuple(names),
+        workdir=tmp_path / "publisher",
+        namespace=wan_namespace,
+        kubeconfig=wan_regions.kubeconfig,
+        identity_prefix=prefix,
+        home=names[0],
+        wait=True,
+        wait_timeout_s=420,
+        unreachable_after_s=10,
+        files_from=trainer.model_files(tmp_path / "model"),
+    )
+
+    def served_everywhere(identity: str, where: list[str] = names) -> None:
+        for name in where:
+            answer = complete(wan_regions.region(name), spec, "A trainer publishes")
+            assert (answer.model, answer.policy) == (f"policy@{identity}", identity), name
+
+    with Publisher(settings, open_bucket=opener) as publisher:
+        full = publisher.publish(trainer.inference_state(), 0).result(timeout=600)
+        assert {r.outcome for r in full.regions.values()} == {RegionOutcome.READY}, full
+        # Only the home bucket is written; replication brings the others their copy.
+        assert full.regions[names[0]].uploaded_bytes >= full.stored_bytes
+        assert all(full.regions[n].uploaded_bytes == 0 for n in names[1:])
+
+        trainer.train_step()
+        before = {region.name: wan.bytes_over(region) for region in regions}
+        delta = publisher.publish(trainer.inference_state(), 1).result(timeout=300)
+        after = {region.name: wan.bytes_over(region) for region in regions}
+        assert {r.outcome for r in delta.regions.values()} == {RegionOutcome.READY}, delta
+        assert delta.kind is SnapshotKind.INCREMENTAL and delta.stored_bytes < full.stored_bytes
+        crossed = {name: after[name].inbound - before[name].inbound for name in names}
+        # Each region's link carried the delta once: the trainer's upload into the home
+        # region, replication into the others; never a copy per replica, never the Full.
+        for name in names:
+            assert (
+                delta.stored_bytes <= crossed[name] <= delta.stored_bytes + WAN_OVERHEAD_PER_REGION
+            )
+        assert sum(crossed.values()) < full.stored_bytes
+        served_everywhere(delta.identity)
+
+        down = regions[2]
+        with apiserver_down(down):
+            began = time.monotonic()
+            for step in (2, 3):
+                trainer.train_step()
+                result = publisher.publish(trainer.inference_state(), step).result(timeout=300)
+                assert result.regions[down.name].outcome is RegionOutcome.PENDING
+                for name in names[:2]:
+                    assert result.regions[name].outcome is RegionOutcome.READY, result
+            assert time.monotonic() - began < 300
+            assert publisher.pending() == {down.name: [f"{prefix}-step-2", f"{prefix}-step-3"]}
+        assert publisher.flush(timeout_s=120) == {}
+        caught_up = RegionClient(down.name, wan_regions.kubeconfig, wan_namespace, FLEET)
+        try:
+            assert wait_until(
+                lambda: caught_up.snapshot_state(f"{prefix}-step-3").ready, 300, interval_s=1
+            ), "the region that was down did not catch up"
+        finally:
+            caught_up.close()
+        served_everywhere(f"{prefix}-step-3")
+
+        trainer.train_step()
+        broken = publisher.publish(trainer.inference_state(), 4).result(timeout=600)
+
+    assert broken.identity == damaged
+    assert [key for bucket in buckets for key in bucket.damaged], "nothing was damaged"
+    assert {r.outcome for r in broken.regions.values()} == {RegionOutcome.CHAIN_BROKEN}, broken
+    fallback = broken.fallback
+    assert fallback is not None
+    assert (fallback.kind, fallback.step, fallback.why) == (SnapshotKind.FULL, 4, "chain-broken")
+    assert {r.outcome for r in fallback.regions.values()} == {RegionOutcome.READY}, fallback
+    served_everywhere(fallback.identity)

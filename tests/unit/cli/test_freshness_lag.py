@@ -1,0 +1,66 @@
+"""The freshness lag of ``hotload status`` / ``hotload ledger``: steps behind the newest
+snapshot published for a deployment in *any* region, not only the region's own target.
+
+Would catch: a region whose apiserver missed the newest snapshots looking up to date
+(its own target is old too), a lag counted from another deployment's snapshots, and a
+replica serving nothing shown as fresh.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hotload.cli.fleet_view import RegionObjects, deployment_rows, newest_steps, replica_rows
+from tests.unit.operator.test_fleet_view import psnap, rd, replica
+
+
+def other_deployments_snapshot(name: str, step: int) -> Any:
+    body = psnap(name, step)
+    body["spec"]["deploymentRef"] = {"name": "b"}
+    return body
+
+
+def regions() -> list[RegionObjects]:
+    caught_up = RegionObjects(
+        "east",
+        [rd("a", target_step=5)],
+        [psnap("s3", 3), psnap("s5", 5), other_deployments_snapshot("b9", 9)],
+        [replica("a-0", "s5", "Ready"), replica("a-1", "s3", "Loading")],
+    )
+    # Its apiserver was down: it never got s5, so its target is s3 and it looks done.
+    missed = RegionObjects(
+        "west",
+        [rd("a", target_step=3)],
+        [psnap("s3", 3)],
+        [replica("a-0", "s3", "Ready"), replica("a-1", None, "Loading")],
+    )
+    return [caught_up, missed]
+
+
+def test_newest_step_is_per_deployment_across_regions() -> None:
+    assert newest_steps(regions()) == {("ns", "a"): 5, ("ns", "b"): 9}
+
+
+def test_a_region_that_missed_snapshots_shows_its_lag_even_at_its_target() -> None:
+    east, west = regions()
+    newest = newest_steps([east, west])
+    west_rows = replica_rows(west, newest=newest)
+    assert {(r.pod, r.behind, r.lag) for r in west_rows} == {("a-0", 0, 2), ("a-1", None, None)}
+    east_rows = replica_rows(east, newest=newest)
+    assert {(r.pod, r.behind, r.lag) for r in east_rows} == {("a-0", 0, 0), ("a-1", 2, 2)}
+
+
+def test_a_deployment_lags_by_its_oldest_replica() -> None:
+    east, west = regions()
+    newest = newest_steps([east, west])
+    (row_east,) = deployment_rows(east, newest)
+    (row_west,) = deployment_rows(west, newest)
+    assert (row_east.newest_step, row_east.lag) == (5, 2)
+    assert (row_west.newest_step, row_west.lag) == (5, 2)
+
+
+def test_without_other_regions_the_lag_is_unknown_not_zero() -> None:
+    east, _ = regions()
+    (row,) = deployment_rows(east)
+    assert row.lag is None
+    assert all(r.lag is None for r in replica_rows(east))
