@@ -23,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 from hotload.local import LocalRegions, Region, helm_path
 from hotload.local import chart as hotload_chart
 from hotload.waiting import wait_until
+from tests.integration.chart.objects import idle_deployment_body
 
 pytestmark = pytest.mark.cluster
 
@@ -138,20 +139,7 @@ def test_install_upgrade_uninstall_keeps_crds_and_leaves_nothing_else(
         "v1alpha1",
         namespace,
         "rolloutdeployments",
-        cast(
-            Any,
-            {
-                "apiVersion": "hotload.dev/v1alpha1",
-                "kind": "RolloutDeployment",
-                "metadata": {"name": "kept"},
-                "spec": {
-                    "model": {"name": "m", "servedName": "m"},
-                    "engine": {"kind": "noop"},
-                    "replicas": 0,
-                    "hotLoad": {"bucketUrl": "file:///nonexistent"},
-                },
-            },
-        ),
+        cast(Any, idle_deployment_body("kept")),
     )
 
     hotload_chart.uninstall([region], upgraded)

@@ -10,7 +10,6 @@ or peering not shared), and a standby that never takes over.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any, cast
 
 import httpx
@@ -55,29 +54,6 @@ def _reconcilers(pod: k8s.V1Pod) -> float | None:
 def _peers(custom: k8s.CustomObjectsApi) -> dict[str, Any]:
     peering = custom.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", PEERING)
     return cast(dict[str, Any], peering.get("status") or {})
-
-
-@pytest.fixture
-def idle_deployment(
-    operated_namespace: str, kube_clients: dict[str, k8s.ApiClient]
-) -> Iterator[str]:
-    """A RolloutDeployment of zero replicas in every region: something to reconcile, no pods."""
-    body = {
-        "apiVersion": "hotload.dev/v1alpha1",
-        "kind": "RolloutDeployment",
-        "metadata": {"name": "idle"},
-        "spec": {
-            "model": {"name": "m", "servedName": "m"},
-            "engine": {"kind": "noop"},
-            "replicas": 0,
-            "hotLoad": {"bucketUrl": "file:///nonexistent"},
-        },
-    }
-    for api in kube_clients.values():
-        k8s.CustomObjectsApi(api).create_namespaced_custom_object(
-            "hotload.dev", "v1alpha1", operated_namespace, "rolloutdeployments", body
-        )
-    yield "idle"
 
 
 def test_operator_replicas_turn_ready_through_the_charts_probes(

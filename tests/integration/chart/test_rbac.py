@@ -10,17 +10,20 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, cast
 
 import pytest
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 
 from hotload.local import LocalRegions
+from hotload.operator.workload import SIDECAR_CLUSTER_ROLE, sidecar_service_account
+from hotload.waiting import wait_until
 from tests.fixtures.cluster import SESSION_CHART, Kubectl
 
 pytestmark = pytest.mark.cluster
 
 OPERATOR = f"system:serviceaccount:{SESSION_CHART.namespace}:{SESSION_CHART.operator_deployment}"
+BINDING_TIMEOUT_S = 60.0
 #: The namespace the can-i questions are asked about: one the session's operator watches.
 WATCHED = "hl-any"
 
@@ -164,28 +167,29 @@ def test_operator_binds_accounts_to_the_sidecar_role_and_no_other(
         assert refusal in done.stderr, done.stderr[:300]
 
 
-def test_sidecar_bound_to_the_charts_role_reads_its_deployment_and_writes_pods_only(
-    kubectl: Kubectl, kube_clients: dict[str, k8s.ApiClient], namespace: str
+def test_sidecar_account_the_operator_binds_reads_its_deployment_and_writes_pods_only(
+    kubectl: Kubectl,
+    kube_clients: dict[str, k8s.ApiClient],
+    operated_namespace: str,
+    idle_deployment: str,
 ) -> None:
+    """The operator's own binding (RoleBinding to the chart's ClusterRole) gives exactly that."""
     api = next(iter(kube_clients.values()))
-    core, rbac = k8s.CoreV1Api(api), k8s.RbacAuthorizationV1Api(api)
-    account = "demo-sidecar"
-    core.create_namespaced_service_account(namespace, cast(Any, {"metadata": {"name": account}}))
-    rbac.create_namespaced_role_binding(
-        namespace,
-        cast(
-            Any,
-            {
-                "metadata": {"name": account},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "ClusterRole",
-                    "name": "hotload-sidecar",
-                },
-                "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
-            },
-        ),
-    )
-    may, may_not = _sidecar_asks(namespace, other="default")
+    rbac = k8s.RbacAuthorizationV1Api(api)
+    account = sidecar_service_account(idle_deployment)
 
-    _assert_matrix(kubectl, f"system:serviceaccount:{namespace}:{account}", may, may_not)
+    def binding() -> k8s.V1RoleBinding | None:
+        try:
+            return rbac.read_namespaced_role_binding(account, operated_namespace)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    bound = wait_until(binding, BINDING_TIMEOUT_S)
+    assert bound is not None, f"the operator never bound {account}"
+    assert (bound.role_ref.kind, bound.role_ref.name) == ("ClusterRole", SIDECAR_CLUSTER_ROLE)
+    assert not rbac.list_namespaced_role(operated_namespace).items, "no per-deployment Role"
+    may, may_not = _sidecar_asks(operated_namespace, other="default")
+
+    _assert_matrix(kubectl, f"system:serviceaccount:{operated_namespace}:{account}", may, may_not)
