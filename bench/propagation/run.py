@@ -569,7 +569,52 @@ def write_results(args: argparse.Namespace, results: list[SizeResult]) -> None:
     args.results.mkdir(parents=True, exist_ok=True)
     path = args.results / "results.json"
     path.write_text(json.dumps(document, indent=2) + "\n")
-    log(f"results in {path}")
+    (args.results / "RESULTS.md").write_text(markdown(document))
+    log(f"results in {path} and RESULTS.md beside it")
+
+
+def markdown(document: dict[str, Any]) -> str:
+    """The summary table of a results document (RESULTS.md)."""
+    lines = [
+        "# bench/propagation — results",
+        "",
+        f"Command: `{document['command']}`  ",
+        f"When: {document['when']}; machine: {document['machine']['cpus']} CPUs, shared with "
+        "other work (medians and ratios, not single runs).",
+        "",
+        f"Target: {document['target']}. Baseline: {document['baseline']}.",
+        "",
+        "| replicas | samples | apply→target set (median) | apply→first replica (median) "
+        "| apply→Ready p50 | p99 | apply→all (median) | rolling restart p50 | operator status "
+        "writes / snapshot | operator API requests / snapshot | operator CPU s / snapshot "
+        "| all clients' API requests / snapshot | operator peak RSS MiB | PolicySnapshot bytes |",
+        "|" + "---|" * 14,
+    ]
+    for size in document["sizes"]:
+        cost = size["median_cost_per_snapshot"]
+        restart = size["rolling_restart"]
+        restart_p50 = restart.get("projected_p50_s", restart.get("p50_s"))
+        projected = " (projected)" if "projected_p50_s" in restart else ""
+        rss = max(size["operator_peak_rss_mib"].values(), default=None)
+        lines.append(
+            f"| {size['replicas']} | {size['samples']} | {size['apply_to_target_set_median_s']} s "
+            f"| {size['apply_to_first_replica_ready_median_s']} s "
+            f"| {size['apply_to_ready_p50_s']} s | {size['apply_to_ready_p99_s']} s "
+            f"| {size['apply_to_all_ready_median_s']} s | {restart_p50} s{projected} "
+            f"| {cost.get('operator_status_writes')} | {cost.get('operator_api_requests')} "
+            f"| {cost.get('operator_cpu_seconds')} | {cost.get('apiserver_requests_all_clients')} "
+            f"| {rss} | {size['ledger_bytes_per_snapshot_object']} |"
+        )
+    lines += ["", "Growth against the smallest size (cost per snapshot; 1.0 = flat):", ""]
+    lines += ["| replicas | x replicas | status writes | operator API requests | operator CPU "
+              "| p50 |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for row in document["growth_vs_smallest"]:
+        lines.append(
+            f"| {row['replicas']} | {row['replicas_ratio']:.0f} "
+            f"| {row['operator_status_writes_ratio']} | {row['operator_api_requests_ratio']} "
+            f"| {row['operator_cpu_seconds_ratio']} | {row['p50_ratio']} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _ratio(cost: dict[str, float], base: dict[str, float], key: str) -> float | None:

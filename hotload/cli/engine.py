@@ -140,9 +140,7 @@ def fake_sglang(
         None, "--weights", help="Serve the tensors of this directory from the start."
     ),
     api_key: str = typer.Option("", "--api-key", envvar=ENV_ENGINE_API_KEY),
-    admin_api_key: str = typer.Option(
-        "", "--admin-api-key", envvar=ENV_ENGINE_ADMIN_API_KEY
-    ),
+    admin_api_key: str = typer.Option("", "--admin-api-key", envvar=ENV_ENGINE_ADMIN_API_KEY),
     enable_lora: bool = typer.Option(False, "--enable-lora", help="Accept LoRA adapters."),
     token_interval: float = typer.Option(
         0.02, "--token-interval", min=0.0, help="Seconds per generated token."

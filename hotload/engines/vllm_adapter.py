@@ -110,9 +110,7 @@ class VLLMEngine(HttpEngine):
     async def instance_id(self) -> str | None:
         """``vllm_config.instance_id`` of dev-mode ``/server_info`` (the start time in ns):
         it changes whenever the engine process restarts."""
-        response = await self._http.request(
-            "GET", "/server_info", params={"config_format": "json"}
-        )
+        response = await self._http.request("GET", "/server_info", params={"config_format": "json"})
         self._check_route(response, "/server_info")
         if response.status_code != 200:
             raise EngineUnavailable(

@@ -4,7 +4,8 @@ kopf calls one handler per watch event; each handler only hands the body to the
 reconciler(s) it concerns (a pod to its deployment's, a PolicySnapshot to every
 deployment's in its namespace) and returns. Events for a deployment whose reconciler
 is not running (not started yet, or this replica is not the peering leader) are
-dropped: a reconciler seeds its view with a LIST when it starts.
+dropped: a reconciler seeds its view with a LIST when it starts. Snapshots of a deployment
+that has no reconciler at all are marked by :mod:`hotload.operator.orphans`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from hotload.operator.executor import KubeExecutor
 from hotload.operator.metrics import OperatorMetrics
+from hotload.operator.orphans import OrphanWatch
 from hotload.operator.reconciler import DeploymentReconciler, ReconcileTiming
 from hotload.operator.workload import INSTANCE_LABEL
 
@@ -41,6 +43,7 @@ class Fleet:
         self.timing = timing
         self.sidecar_cluster_role = sidecar_cluster_role
         self._reconcilers: dict[Key, DeploymentReconciler] = {}
+        self.orphans = OrphanWatch(executor, lambda ns, name: (ns, name) in self._reconcilers)
 
     def __len__(self) -> int:
         return len(self._reconcilers)
@@ -85,3 +88,4 @@ class Fleet:
         for (reconciler_namespace, _), reconciler in list(self._reconcilers.items()):
             if reconciler_namespace == namespace:
                 reconciler.on_snapshot(event_type, body)
+        self.orphans.observe(event_type, body)

@@ -94,9 +94,7 @@ class _Bits:
         return ((1 << n) | self.read(n)) - (1 << k)
 
     def check_end(self) -> None:
-        if self.size - self.pos >= 8 or (
-            len(self.ones) and int(self.ones[-1]) >= self.pos
-        ):
+        if self.size - self.pos >= 8 or (len(self.ones) and int(self.ones[-1]) >= self.pos):
             raise StreamError("context stream longer than its codes")
 
 

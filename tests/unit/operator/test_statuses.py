@@ -200,3 +200,14 @@ def test_counts_only_change_is_not_material_and_removed_snapshot_keys_are_nulled
     second = plan_deployment_status(recorded, 3, "sel", counts2, pods2, target, None, [], at(2))
     assert second.patch is not None and not second.material
     assert second.patch["replicasBySnapshot"] == {"s0": None, "s1": 2}
+
+
+def test_a_snapshot_of_a_missing_deployment_says_so_once() -> None:
+    from hotload.operator.orphans import orphan_status
+
+    body = {"metadata": {"generation": 1}, "spec": {"deploymentRef": {"name": "typo"}}}
+    patch = orphan_status(body, at(1))
+    assert patch is not None and patch["phase"] == "Pending"
+    assert conditions(patch) == {"Ready": ("False", "DeploymentNotFound")}
+    assert "typo" in patch["conditions"][0]["message"]
+    assert orphan_status({**body, "status": {"phase": "Rolling"}}, at(2)) is None
