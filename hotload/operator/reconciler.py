@@ -145,7 +145,8 @@ class DeploymentReconciler:
         self._snapshots: VersionedStore[ObservedSnapshot] = VersionedStore()
         self._workload_dirty = True
         self._seeded = False
-        self._last_status_write = 0.0
+        self._last_status_write = float("-inf")
+        """Loop time of the last deployment status write (the loop's clock, as the wake-ups')."""
         self._deferred = False
         self._owned_generations: dict[tuple[str, str], int | None] = {}
         self.reconciles = 0
@@ -373,7 +374,8 @@ class DeploymentReconciler:
         if plan.status_patch is None:
             self._deferred = False
             return
-        since = time.monotonic() - self._last_status_write
+        clock = asyncio.get_running_loop().time
+        since = clock() - self._last_status_write
         if not plan.status_material and since < self._timing.status_interval_s:
             if not self._deferred:
                 self._deferred = True
@@ -382,6 +384,6 @@ class DeploymentReconciler:
         body = await self._executor.patch_deployment_status(
             self.namespace, self.name, plan.status_patch
         )
-        self._last_status_write = time.monotonic()
+        self._last_status_write = clock()
         self._deferred = False
         self.on_deployment(body, poke=False)

@@ -1,0 +1,189 @@
+"""The reconcile loop's own decisions: write order, coalescing, and its view of the world.
+
+The executor is replaced by a recorder (the real one is exercised against the apiserver
+by the integration tests); time is looptime's, so coalescing windows cost nothing.
+Would catch: a target moved back before the break is recorded (the record would be lost
+with the pod's report), count-only deployment writes not coalesced (every sidecar
+watches the deployment), a reconciler that writes again what it just wrote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from hotload.api import API_VERSION
+from hotload.operator.batching import BatchWindows
+from hotload.operator.metrics import OperatorMetrics
+from hotload.operator.reconciler import DeploymentReconciler, ReconcileTiming
+
+
+class RecordingExecutor:
+    """Answers like the apiserver would (merge patches applied), and records each call."""
+
+    def __init__(self, deployment: dict[str, Any], snapshots: list[dict[str, Any]]) -> None:
+        self.deployment = deployment
+        self.snapshots = {s["metadata"]["name"]: s for s in snapshots}
+        self.pods: list[dict[str, Any]] = []
+        self.calls: list[tuple[str, str]] = []
+        self.version = 100
+
+    def _bump(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.version += 1
+        body["metadata"]["resourceVersion"] = str(self.version)
+        return body
+
+    async def list_pods(self, namespace: str, selector: str) -> dict[str, Any]:
+        return {"metadata": {"resourceVersion": str(self.version)}, "items": self.pods}
+
+    async def list_snapshots(self, namespace: str) -> dict[str, Any]:
+        items = list(self.snapshots.values())
+        return {"metadata": {"resourceVersion": str(self.version)}, "items": items}
+
+    async def patch_deployment_status(self, ns: str, name: str, status: Any) -> dict[str, Any]:
+        self.calls.append(("deployment", name))
+        self.deployment["status"] = _merge(self.deployment.get("status") or {}, status)
+        return self._bump(self.deployment)
+
+    async def patch_snapshot_status(self, ns: str, name: str, status: Any) -> dict[str, Any]:
+        self.calls.append(("snapshot", name))
+        body = self.snapshots[name]
+        body["status"] = _merge(body.get("status") or {}, status)
+        return self._bump(body)
+
+    async def delete_snapshot(self, ns: str, name: str, uid: str) -> None:
+        self.calls.append(("delete", name))
+        self.snapshots.pop(name, None)
+
+    async def apply(self, manifest: Any) -> dict[str, Any]:
+        self.calls.append(("apply", manifest["kind"]))
+        return {}
+
+    async def emit(self, namespace: str, event: Any) -> None:
+        self.calls.append(("event", event.reason))
+
+
+def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def deployment_body(replicas: int = 2) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "RolloutDeployment",
+        "metadata": {"name": "demo", "namespace": "ns", "uid": "rd", "generation": 1,
+                     "resourceVersion": "1"},
+        "spec": {
+            "model": {"name": "tiny", "servedName": "policy"},
+            "engine": {"kind": "noop"},
+            "replicas": replicas,
+            "hotLoad": {"bucketUrl": "file:///tmp/b"},
+        },
+    }  # fmt: skip
+
+
+def snapshot_body(name: str, step: int, previous: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "deploymentRef": {"name": "demo"},
+        "identity": name,
+        "step": step,
+        "kind": "Incremental" if previous else "Full",
+    }
+    if previous:
+        spec["incremental"] = {"previousIdentity": previous}
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": f"u-{name}", "generation": 1,
+                     "resourceVersion": "2", "creationTimestamp": "2026-11-23T10:00:00Z"},
+        "spec": spec,
+    }  # fmt: skip
+
+
+def pod_body(ordinal: int, version: int, **notes: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": f"demo-{ordinal}", "namespace": "ns", "uid": f"p{ordinal}",
+            "resourceVersion": str(version), "creationTimestamp": "2026-11-23T10:00:00Z",
+            "labels": {"app.kubernetes.io/instance": "demo",
+                       "app.kubernetes.io/managed-by": "hotload"},
+            "annotations": {f"hotload.dev/{k.replace('_', '-')}": v for k, v in notes.items()},
+        },
+        "status": {"conditions": [{"type": "hotload.dev/SnapshotReady", "status": "True"}]},
+    }  # fmt: skip
+
+
+def reconciler(executor: RecordingExecutor) -> DeploymentReconciler:
+    timing = ReconcileTiming(windows=BatchWindows(0.5, 0.02), status_interval_s=2.0)
+    made = DeploymentReconciler(
+        "ns",
+        "demo",
+        executor,
+        OperatorMetrics(),
+        timing,
+        "hotload-sidecar",  # type: ignore[arg-type]
+    )
+    made.on_deployment(executor.deployment)
+    return made
+
+
+async def test_a_break_is_recorded_on_its_snapshot_before_the_target_moves_back() -> None:
+    executor = RecordingExecutor(
+        deployment_body(), [snapshot_body("s0", 0), snapshot_body("s1", 1, "s0")]
+    )
+    loop = reconciler(executor)
+    executor.pods = [pod_body(i, 10 + i, snapshot="s0", target="s0", state="Ready")
+                     for i in range(2)]  # fmt: skip
+    await loop._seed()
+    await loop.reconcile()
+    assert executor.deployment["status"]["targetSnapshot"]["identity"] == "s1"
+    executor.calls.clear()
+    loop.on_pod("MODIFIED", pod_body(0, 20, snapshot="s0", target="s1", state="Failed",
+                                      reason="DecodeFailed", failed_snapshot="s1"))  # fmt: skip
+    await loop.reconcile()
+    writes = [c for c in executor.calls if c[0] in ("snapshot", "deployment")]
+    assert writes[0] == ("snapshot", "s1")
+    assert ("deployment", "demo") in writes
+    assert executor.deployment["status"]["targetSnapshot"]["identity"] == "s0"
+    assert ("event", "TargetRolledBack") in executor.calls
+
+
+async def test_a_reconcile_that_finds_nothing_new_writes_nothing() -> None:
+    executor = RecordingExecutor(deployment_body(), [snapshot_body("s0", 0)])
+    loop = reconciler(executor)
+    executor.pods = [pod_body(i, 10 + i, snapshot="s0", target="s0", state="Ready")
+                     for i in range(2)]  # fmt: skip
+    await loop._seed()
+    await loop.reconcile()
+    await loop.reconcile()  # a second pass: the first one's writes are its view now
+    executor.calls.clear()
+    await loop.reconcile()
+    assert executor.calls == []
+
+
+@pytest.mark.looptime
+async def test_count_only_deployment_writes_are_coalesced_but_target_moves_are_not() -> None:
+    executor = RecordingExecutor(deployment_body(replicas=3), [snapshot_body("s0", 0)])
+    loop = reconciler(executor)
+    executor.pods = [pod_body(0, 10, snapshot="s0", target="s0", state="Ready")] + [
+        pod_body(i, 10 + i, target="s0", state="Loading") for i in (1, 2)
+    ]
+    await loop._seed()
+    await loop.reconcile()  # the target moves: written at once
+    assert executor.deployment["status"]["targetSnapshot"]["identity"] == "s0"
+    executor.calls.clear()
+    loop.on_pod("MODIFIED", pod_body(1, 20, snapshot="s0", target="s0", state="Ready"))
+    await loop.reconcile()  # counts and messages changed only, within the interval: deferred
+    assert ("deployment", "demo") not in executor.calls
+    await asyncio.sleep(2.5)
+    await loop.reconcile()
+    assert ("deployment", "demo") in executor.calls
+    assert executor.deployment["status"]["replicasByState"] == {"Loading": 1, "Ready": 2}
