@@ -531,9 +531,9 @@ def main() -> None:
                 count = args.snapshots or max(MIN_SNAPSHOTS, -(-MIN_SAMPLES // replicas))
                 log(f"N={replicas}: {count} deltas after a Full")
                 results.append(bench.run_size(replicas, count, args.restart_pods))
+                write_results(args, results)  # each size as soon as it is measured
     finally:
         down(state)
-    write_results(args, results)
 
 
 def write_results(args: argparse.Namespace, results: list[SizeResult]) -> None:

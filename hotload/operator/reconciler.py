@@ -61,7 +61,7 @@ class ReconcileTiming:
     """Reconcile at least this often, poked or not (level-triggered safety net)."""
     relist_s: float = 300.0
     """List pods and snapshots afresh at least this often."""
-    status_interval_s: float = 2.0
+    status_interval_s: float = 5.0
     """Deployment status writes that change only counts or messages wait this long since
     the last write (every sidecar watches the deployment; target moves never wait)."""
     retry_initial_s: float = 0.5
