@@ -185,3 +185,15 @@ def test_another_writer_is_repaired(rollout: Rollout) -> None:
             "identity": "not-a-snapshot", "step": 99, "kind": "Full", "kvCachePolicy": "all"}}}),
     )  # fmt: skip
     rollout.wait_for("the target repaired", lambda: rollout.target() == s0.identity)
+
+
+def test_a_snapshot_of_a_missing_deployment_says_so(rollout: Rollout) -> None:
+    """Would catch: a PolicySnapshot with a typo in deploymentRef left with empty columns."""
+    orphan = rollout.prepare(0, full=True)
+    rollout.apply(orphan.manifest("no-such-deployment"))
+    rollout.wait_for(
+        "Ready=False DeploymentNotFound",
+        lambda: rollout.condition(rollout.snapshot(orphan.identity), "Ready")
+        == ("False", "DeploymentNotFound"),
+    )
+    assert rollout.snapshot(orphan.identity)["status"]["phase"] == "Pending"
