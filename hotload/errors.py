@@ -158,6 +158,11 @@ class EngineRejected(EngineError):
     reason = "EngineRejected"
 
 
+class DeltaNotApplicable(EngineRejected):
+    """The engine cannot patch this delta into its live weights (the layout changed, or
+    it serves a LoRA merge); its old weights serve on: load the rebuilt directory."""
+
+
 class EngineUnavailable(EngineError):
     """The engine does not answer at its address."""
 

@@ -1,6 +1,7 @@
 """Adapter for hotload's own reference engine (``hotload engine reference``).
 
 Its admin API is ours (see docs/engines.md): ``POST /admin/load {path, identity, kind}``,
+``POST /admin/apply_delta {path, identity}`` (a delta patched into the live weights),
 ``/admin/pause {mode}``, ``/admin/resume``, ``/admin/reset_cache {policy}``,
 ``GET /admin/identity``, ``GET /health``. A 4xx on load means the weights were refused
 (the old ones keep serving): ``EngineRejected``; 409 and 503 mean busy.
@@ -19,7 +20,13 @@ from hotload.engines.admin_http import json_object, response_detail
 from hotload.engines.http_adapter import HttpEngine
 from hotload.engines.identity_fields import reference_identities
 from hotload.engines.protocol import PauseMode
-from hotload.errors import EngineBusy, EngineError, EngineRejected, HotloadError
+from hotload.errors import (
+    DeltaNotApplicable,
+    EngineBusy,
+    EngineError,
+    EngineRejected,
+    HotloadError,
+)
 
 DEFAULT_LOAD_TIMEOUT = 600.0
 
@@ -56,6 +63,28 @@ class ReferenceEngine(HttpEngine):
             timeout=self._load_timeout,
         )
         self._raise_for(response, "load", identity=identity, path=str(path))
+
+    async def apply_delta(self, path: Path, identity: str) -> None:
+        """Patch the served weights with the verified delta at ``path``, in place.
+
+        ``DeltaNotApplicable`` when the engine cannot (the layout changed): load the
+        rebuilt directory instead; ``EngineRejected`` when it refused the delta. Either
+        way the old weights serve on.
+        """
+        response = await self._http.request(
+            "POST",
+            "/admin/apply_delta",
+            json={"path": str(path), "identity": identity},
+            timeout=self._load_timeout,
+        )
+        if response.status_code == 422 and json_object(response).get("fallback") == "load":
+            raise DeltaNotApplicable(
+                f"reference engine cannot patch in place: {response_detail(response)}",
+                url=self.base_url,
+                identity=identity,
+                path=str(path),
+            )
+        self._raise_for(response, "apply_delta", identity=identity, path=str(path))
 
     async def pause(self, mode: PauseMode) -> None:
         response = await self._http.request("POST", "/admin/pause", json={"mode": mode.value})

@@ -10,7 +10,7 @@ keeps exactly the weights it had.
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +36,8 @@ class _Undo:
     values: np.ndarray | None
     replaced: np.ndarray | None
     """For a raw tensor: the array that was in the mapping before (or None if new)."""
+    start: int = 0
+    """Where ``words`` (a chunk) starts in its tensor."""
 
 
 def words_of(array: np.ndarray, entry: TensorEntry) -> np.ndarray:
@@ -72,18 +74,28 @@ def checked_delta(
     return manifest
 
 
+ChangeSink = Callable[[str, int, "np.ndarray | None", int], None]
+"""``(tensor, chunk start, positions in the chunk or None for all of it, chunk length)``:
+told of every range a patch wrote, so a caller that mirrors the weights elsewhere (an
+engine computing in another dtype) can copy exactly those elements once it succeeded."""
+
+
 def patch_tensors(
     tensors: MutableMapping[str, np.ndarray],
     snapshot: Path,
     *,
     held_identity: str | None = None,
     manifest: Manifest | None = None,
+    on_change: ChangeSink | None = None,
+    raw_in_place: bool = False,
 ) -> Manifest:
     """Patch ``tensors`` (name → C-contiguous array of the previous weights) in place.
 
-    New tensors (codec ``raw``) are inserted as flat word arrays; tensors the snapshot
-    no longer has are removed. ``held_identity``, when given, must be the delta's
-    previous snapshot (:class:`ChainBroken` otherwise).
+    New tensors (codec ``raw``) are inserted as flat word arrays (with ``raw_in_place``,
+    written into the held array, which must have the tensor's size); tensors the
+    snapshot no longer has are removed. ``held_identity``, when given, must be the
+    delta's previous snapshot (:class:`ChainBroken` otherwise). ``on_change`` hears of
+    every range written; when the call raises, every change has been undone.
     """
     manifest = checked_delta(snapshot, held_identity, manifest)
     undo: list[_Undo] = []
@@ -92,8 +104,10 @@ def patch_tensors(
         deltas = DeltaFiles(snapshot, manifest, stack)
         try:
             for entry in manifest.tensors:
-                _patch_one(tensors, deltas, entry, undo)
+                _patch_one(tensors, deltas, entry, undo, raw_in_place=raw_in_place)
                 _check_patched(tensors, entry, manifest)
+                if on_change is not None:
+                    _report(entry, undo, on_change)
         except BaseException:
             for record in reversed(undo):
                 _revert(tensors, record)
@@ -101,6 +115,19 @@ def patch_tensors(
     for name in removed:
         del tensors[name]
     return manifest
+
+
+def _report(entry: TensorEntry, undo: list[_Undo], on_change: ChangeSink) -> None:
+    """Tell ``on_change`` what the patch of ``entry`` wrote (its undo records say it)."""
+    if entry.codec is CodecId.UNCHANGED:
+        return
+    for record in reversed(undo):
+        if record.name != entry.name:
+            break
+        if record.values is None:  # a new array replaced the held one
+            on_change(entry.name, 0, None, entry.numel)
+            continue
+        on_change(entry.name, record.start, record.positions, len(record.words))
 
 
 def _check_patched(
@@ -166,10 +193,10 @@ def _apply(name: str, job: ChunkJob, words: np.ndarray, undo: list[_Undo]) -> No
         if not len(positions):
             return
         before = out[positions]
-        undo.append(_Undo(name, out, positions, before, None))
+        undo.append(_Undo(name, out, positions, before, None, job.start))
         out[positions] = before + unzigzag(values)
         return
-    undo.append(_Undo(name, out, None, out.copy(), None))
+    undo.append(_Undo(name, out, None, out.copy(), None, job.start))
     job.run(out)
 
 

@@ -7,8 +7,12 @@
   ``model`` is the served name (the sidecar's front rewrites it to ``name@identity``).
   The session header ``x-multi-turn-session-id`` keys the prompt cache.
 - ``POST /admin/load {path, identity, kind}`` — 200, 422 (refused: old weights serve on),
-  409 (another load runs). ``POST /admin/pause {mode}``, ``POST /admin/resume``,
-  ``POST /admin/reset_cache {policy}``, ``GET /admin/identity``, ``GET /admin/cache``.
+  409 (another load runs). ``POST /admin/apply_delta {path, identity}`` — patch the served
+  weights with the verified delta at ``path`` in place: 200, 422 (refused: old weights
+  serve on; ``"fallback": "load"`` when the delta cannot be patched in place and the
+  rebuilt directory should be loaded instead), 409 (another load runs).
+  ``POST /admin/pause {mode}``, ``POST /admin/resume``, ``POST /admin/reset_cache
+  {policy}``, ``GET /admin/identity``, ``GET /admin/cache``.
 - Debugging for tests: ``POST /admin/logits {prompt_token_ids}`` (sha256 of the float32
   logits, computed single-threaded, and the last position's values) and
   ``GET /admin/weights_digest`` (sha256 of the served weights in the storage dtype).
@@ -33,12 +37,13 @@ from hotload.engines.reference.runtime import GenerationRequest, GenerationStats
 from hotload.engines.reference.schemas import (
     ChatRequest,
     CompletionRequest,
+    DeltaRequest,
     LoadRequest,
     LogitsRequest,
     PauseRequest,
     ResetCacheRequest,
 )
-from hotload.errors import ConfigError, EngineBusy, EngineRejected
+from hotload.errors import ConfigError, DeltaNotApplicable, EngineBusy, EngineRejected
 from hotload.mounts import host_path
 
 DEFAULT_MAX_TOKENS = 16
@@ -70,6 +75,11 @@ def create_app(runtime: ReferenceRuntime, *, served_name: str, root: Path | None
     @app.exception_handler(EngineRejected)
     async def rejected(_: Request, err: EngineRejected) -> JSONResponse:
         return JSONResponse({"detail": str(err), "reason": err.reason}, status_code=422)
+
+    @app.exception_handler(DeltaNotApplicable)
+    async def not_in_place(_: Request, err: DeltaNotApplicable) -> JSONResponse:
+        body = {"detail": str(err), "reason": err.reason, "fallback": "load"}
+        return JSONResponse(body, status_code=422)
 
     @app.exception_handler(ConfigError)
     async def bad_path(_: Request, err: ConfigError) -> JSONResponse:
@@ -203,6 +213,16 @@ def create_app(runtime: ReferenceRuntime, *, served_name: str, root: Path | None
             "identity": report.identity,
             "kind": report.kind.value,
             "read_seconds": report.read_seconds,
+            "swap_seconds": report.swap_seconds,
+        }
+
+    @app.post("/admin/apply_delta")
+    async def apply_delta(body: DeltaRequest) -> dict[str, Any]:
+        report = await runtime.apply_delta(host_path(body.path, root), body.identity)
+        return {
+            "identity": report.identity,
+            "kind": report.kind.value,
+            "patch_seconds": report.read_seconds,
             "swap_seconds": report.swap_seconds,
         }
 

@@ -30,11 +30,12 @@ from transformers import DynamicCache, Qwen2Config
 
 from hotload.api import KvCachePolicy, SnapshotKind
 from hotload.engines.protocol import PauseMode
+from hotload.engines.reference import delta
 from hotload.engines.reference import model as rm
 from hotload.engines.reference import tokenizer as tok
 from hotload.engines.reference.cache import DEFAULT_CAPACITY, PromptCache
 from hotload.engines.reference.weights import merge_lora, read_full_snapshot
-from hotload.errors import EngineBusy
+from hotload.errors import EngineBusy, EngineRejected
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,9 @@ class ReferenceRuntime:
         self._idle = asyncio.Condition()
         self._loading = False
         self.swaps = 0
+        self._storage: dict[str, torch.Tensor] | None = None
+        """The served weights' exact bits in the snapshot's dtype, which deltas patch in
+        place (the parameters themselves when they are that dtype); None under LoRA."""
 
     # --- state -----------------------------------------------------------------------
 
@@ -147,12 +151,73 @@ class ReferenceRuntime:
     def _apply(self, prepared: _Prepared) -> None:
         if prepared.merged is not None:
             self._serving = prepared.merged
+            self._storage = None
             return
         tensors = prepared.tensors or {}
+        parameters = rm.parameters(self._base)
         with torch.no_grad():
-            for name, param in rm.parameters(self._base).items():
+            for name, param in parameters.items():
                 param.copy_(tensors[name])
         self._serving = self._base
+        if self.compute_dtype == self.storage_dtype:
+            self._storage = parameters
+        else:  # own copies: the loaded tensors may be views of the snapshot's files
+            self._storage = {name: tensors[name].detach().clone() for name in parameters}
+
+    async def apply_delta(self, path: Path, identity: str) -> LoadReport:
+        """Patch the served weights with the delta at ``path`` (docs/engines.md).
+
+        Checked and decoded beside serving when the model computes in another dtype than
+        the snapshot's (only the changed elements are copied between two tokens), else
+        between two tokens as a whole. ``LayoutChanged`` or ``EngineRejected`` leave the
+        old weights serving, untouched.
+        """
+        if self._loading:
+            raise EngineBusy("another load is running", identity=identity)
+        self._loading = True
+        try:
+            started = time.perf_counter()
+            storage = self._storage
+            manifest = delta.read_delta(path, self.identity, self.kind)
+            if storage is None:
+                raise delta.LayoutChanged("serving a LoRA merge: load the rebuilt directory")
+            if manifest.identity != identity:
+                raise EngineRejected(
+                    "the delta is another snapshot", expected=identity, found=manifest.identity
+                )
+            delta.check_layout(manifest, storage)
+            parameters = rm.parameters(self._base)
+            shared = storage is parameters
+            if not shared:
+                changes = await asyncio.to_thread(
+                    delta.patch_storage, storage, path, manifest, self.identity
+                )
+            read_done = time.perf_counter()
+            async with self.model_lock:
+                if shared:
+                    await asyncio.to_thread(
+                        delta.patch_storage, storage, path, manifest, self.identity
+                    )
+                else:
+                    await asyncio.to_thread(delta.copy_changes, changes, storage, parameters)
+                previous, self.identity = self.identity, identity
+                self.kind = SnapshotKind.INCREMENTAL
+                self.swaps += 1
+            swapped = time.perf_counter() - read_done
+            report = LoadReport(identity, SnapshotKind.INCREMENTAL, read_done - started, swapped)
+            log.info(
+                "delta applied in place",
+                extra={
+                    "identity": identity,
+                    "previous": previous,
+                    "path": str(path),
+                    "patch_s": round(report.read_seconds, 4),
+                    "swap_s": round(report.swap_seconds, 4),
+                },
+            )
+            return report
+        finally:
+            self._loading = False
 
     async def load(self, path: Path, identity: str, kind: SnapshotKind) -> LoadReport:
         """Validate, then swap between two tokens; ``EngineRejected`` leaves the old weights."""

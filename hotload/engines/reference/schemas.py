@@ -57,6 +57,15 @@ class LoadRequest(BaseModel):
     kind: SnapshotKind = SnapshotKind.FULL
 
 
+class DeltaRequest(BaseModel):
+    """A verified delta (an Incremental snapshot directory) of the served snapshot."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: Annotated[str, Field(min_length=1)]
+    identity: Identity
+
+
 class PauseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

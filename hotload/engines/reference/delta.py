@@ -1,0 +1,137 @@
+"""Apply a verified delta to the weights the reference engine holds, in place.
+
+A delta at RL learning rates touches under 1% of the elements, so loading a rebuilt
+directory (a full read and copy of every weight) costs far more than the change. The
+engine keeps the exact bits it serves (``storage``, the snapshot's dtype) and patches
+them where they are: every stored file's sha256 and the chain are checked first, the
+changes are decoded straight into the held tensors, and every patched tensor's xxh3-128
+is checked against the manifest. Only then, between two tokens, are the changed
+elements copied into the parameters the model computes with (when those are another
+dtype, e.g. float32 on CPU); when they are the same tensors, the whole patch runs
+between two tokens. Any failure undoes every change (the patch is all or nothing), so
+the engine keeps serving exactly its old weights and says why.
+
+A delta that changes the model's layout (a tensor added, removed, reshaped or retyped)
+is refused with :class:`LayoutChanged`: the sidecar then loads the rebuilt directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hotload.api import SnapshotKind
+from hotload.errors import DeltaNotApplicable, EngineRejected, HotloadError
+from hotload.snapshot import Manifest, patch_tensors, read_manifest
+from hotload.snapshot.torch_dtypes import TORCH_DTYPES
+
+_NUMPY_WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_TORCH_WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class LayoutChanged(DeltaNotApplicable):
+    """The delta adds, removes, reshapes or retypes a tensor: load the rebuilt directory."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """Elements ``start + positions`` (or the whole range) of one tensor were written."""
+
+    name: str
+    start: int
+    positions: np.ndarray | None
+    length: int
+
+
+def read_delta(path: Path, held_identity: str, kind: SnapshotKind) -> Manifest:
+    """The delta's manifest, once it applies to what the engine serves."""
+    try:
+        manifest = read_manifest(path)
+    except HotloadError as err:
+        raise EngineRejected(f"unreadable delta ({err.reason}): {err}", path=str(path)) from err
+    if manifest.kind is not SnapshotKind.INCREMENTAL:
+        raise EngineRejected("only an incremental snapshot patches the served weights")
+    if kind is SnapshotKind.LORA or manifest.previous != held_identity:
+        raise EngineRejected(
+            "the delta applies to another snapshot than the one served",
+            serving=held_identity,
+            previous=manifest.previous,
+        )
+    return manifest
+
+
+def check_layout(manifest: Manifest, storage: Mapping[str, torch.Tensor]) -> None:
+    """:class:`LayoutChanged` unless the delta keeps every held tensor's name, dtype and size."""
+    names = {t.name for t in manifest.tensors}
+    differing = sorted(
+        t.name
+        for t in manifest.tensors
+        if t.name not in storage
+        or TORCH_DTYPES.get(str(storage[t.name].dtype).removeprefix("torch.")) != t.dtype
+        or storage[t.name].numel() != t.numel
+    )
+    if differing or names != set(storage):
+        raise LayoutChanged(
+            "the delta changes the model's layout: load the rebuilt directory",
+            differing=differing[:5],
+            missing_or_extra=sorted(names ^ set(storage))[:5],
+        )
+
+
+def patch_storage(
+    storage: Mapping[str, torch.Tensor], path: Path, manifest: Manifest, held_identity: str
+) -> list[Change]:
+    """Patch the held tensors (CPU) in place, all or nothing; what changed, for the copy."""
+    views = {
+        name: tensor.detach().reshape(-1).view(_TORCH_WORDS[tensor.element_size()]).numpy()
+        for name, tensor in storage.items()
+    }
+    words = {
+        name: view.view(_NUMPY_WORDS[view.itemsize]) for name, view in views.items()
+    }
+    changes: list[Change] = []
+
+    def heard(name: str, start: int, positions: np.ndarray | None, length: int) -> None:
+        changes.append(Change(name, start, positions, length))
+
+    try:
+        patch_tensors(
+            words,
+            path,
+            held_identity=held_identity,
+            manifest=manifest,
+            on_change=heard,
+            raw_in_place=True,
+        )
+    except HotloadError as err:
+        raise EngineRejected(
+            f"the delta was refused ({err.reason}): {err}", reason=err.reason, path=str(path)
+        ) from err
+    return changes
+
+
+def copy_changes(
+    changes: list[Change],
+    storage: Mapping[str, torch.Tensor],
+    parameters: Mapping[str, torch.Tensor],
+) -> int:
+    """Copy the changed elements from the held tensors into the parameters (another
+    dtype); returns how many elements were copied. Runs between two tokens."""
+    copied = 0
+    with torch.no_grad():
+        for change in changes:
+            source = storage[change.name].reshape(-1)
+            target = parameters[change.name].view(-1)
+            if change.positions is None:
+                end = change.start + change.length
+                target[change.start : end].copy_(source[change.start : end])
+                copied += change.length
+                continue
+            index = torch.from_numpy(change.positions.astype(np.int64) + change.start)
+            target[index] = source[index].to(target.dtype)
+            copied += len(index)
+    return copied

@@ -1,0 +1,148 @@
+"""The reference engine patches a verified delta into its live weights, in place.
+
+A real engine process, real snapshots and deltas from the encoder, driven through the
+``ReferenceEngine`` adapter as the sidecar drives it: the patched weights are the next
+snapshot's bit for bit; a delta that fails any check (a stored file's hash, a patched
+tensor's hash, the chain) leaves the old weights serving and says why; a delta that
+changes the layout asks for the rebuilt directory instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from hotload.api import SnapshotKind
+from hotload.engines import ReferenceEngine
+from hotload.errors import DeltaNotApplicable, EngineRejected
+from hotload.snapshot import encode
+from tests.integration.engines.conftest import EngineProcess
+from tests.integration.engines.test_reference_engine import (
+    Publish,
+    complete,
+    expected_digests,
+    served_digests,
+)
+from tests.unit.snapshot import tampering
+
+
+@pytest.fixture
+async def engine(reference_engine: EngineProcess) -> AsyncIterator[ReferenceEngine]:
+    adapter = ReferenceEngine(reference_engine.base_url)
+    await adapter.wait_ready(timeout=30)
+    try:
+        yield adapter
+    finally:
+        await adapter.resume()
+        await adapter.aclose()
+
+
+def rl_step(
+    previous: Path, target: Path, *, seed: int, extra: dict[str, torch.Tensor] | None = None
+) -> Path:
+    """The next snapshot: 1% of every tensor's bf16 elements moved by one unit."""
+    shutil.copytree(previous, target)
+    tensors = load_file(str(previous / "model.safetensors"))
+    generator = torch.Generator().manual_seed(seed)
+    moved = {}
+    for name, tensor in tensors.items():
+        words = tensor.contiguous().view(torch.int16).clone().reshape(-1)
+        where = torch.rand(words.numel(), generator=generator) < 0.01
+        words[where] += 1
+        moved[name] = words.view(torch.bfloat16).reshape(tensor.shape)
+    moved.update(extra or {})
+    save_file(moved, str(target / "model.safetensors"), metadata={"format": "pt"})
+    return target
+
+
+async def serving_full(engine: ReferenceEngine, publish: Publish, identity: str) -> Path:
+    directory = publish(identity, 11)
+    await engine.load_weights(directory, identity, kind=SnapshotKind.FULL)
+    return directory
+
+
+def delta_of(previous: Path, current: Path, out: Path, identity: str, previous_id: str) -> Path:
+    encode(previous, current, out, identity=identity, step=2, previous_identity=previous_id)
+    return out
+
+
+async def test_a_delta_is_patched_in_place_bit_exact(
+    engine: ReferenceEngine, publish: Publish, engine_workdir: Path
+) -> None:
+    full = await serving_full(engine, publish, "dp-1")
+    current = rl_step(full, engine_workdir / "dp-2-weights", seed=1)
+    delta = delta_of(full, current, engine_workdir / "dp-2", "dp-2", "dp-1")
+    await engine.apply_delta(delta, "dp-2")
+    identity, logits, weights = await served_digests(engine)
+    assert identity == "dp-2"
+    assert (logits, weights) == expected_digests(current)
+    answer = await complete(engine, "hello")
+    assert answer["hotload_identity"] == "dp-2"
+
+
+async def test_a_stream_in_flight_keeps_going_across_the_patch(
+    engine: ReferenceEngine, publish: Publish, engine_workdir: Path
+) -> None:
+    full = await serving_full(engine, publish, "ds-1")
+    current = rl_step(full, engine_workdir / "ds-2-weights", seed=2)
+    delta = delta_of(full, current, engine_workdir / "ds-2", "ds-2", "ds-1")
+    stream = asyncio.create_task(complete(engine, "a long answer", max_tokens=48))
+    await engine.apply_delta(delta, "ds-2")
+    answer = await stream
+    assert answer["choices"][0]["text"] and answer["hotload_identities"][-1] in ("ds-1", "ds-2")
+
+
+@pytest.mark.parametrize("resign", [False, True])
+async def test_a_corrupt_delta_keeps_the_old_weights_and_says_why(
+    engine: ReferenceEngine, publish: Publish, engine_workdir: Path, resign: bool
+) -> None:
+    """Unsigned, the stored file's sha256 refuses it; re-signed, a patched tensor's
+    xxh3-128 does — after the patch started, which is then undone."""
+    full = await serving_full(engine, publish, f"dc{int(resign)}-1")
+    current = rl_step(full, engine_workdir / f"dc{int(resign)}-2-weights", seed=3)
+    delta = delta_of(
+        full, current, engine_workdir / f"dc{int(resign)}-2", "dc-2", f"dc{int(resign)}-1"
+    )
+    before = await served_digests(engine)
+    blob = next(delta.glob("hotload-delta-*.bin"))
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    blob.write_bytes(bytes(data))
+    if resign:
+        tampering.resign(delta)
+    with pytest.raises(EngineRejected) as refused:
+        await engine.apply_delta(delta, "dc-2")
+    assert not isinstance(refused.value, DeltaNotApplicable)
+    assert "ChecksumMismatch" in str(refused.value) or "DecodeFailed" in str(refused.value)
+    assert await served_digests(engine) == before
+
+
+async def test_a_delta_of_another_snapshot_is_refused(
+    engine: ReferenceEngine, publish: Publish, engine_workdir: Path
+) -> None:
+    full = await serving_full(engine, publish, "do-1")
+    current = rl_step(full, engine_workdir / "do-2-weights", seed=4)
+    delta = delta_of(full, current, engine_workdir / "do-2", "do-2", "someone-else")
+    before = await served_digests(engine)
+    with pytest.raises(EngineRejected, match="another snapshot"):
+        await engine.apply_delta(delta, "do-2")
+    assert await served_digests(engine) == before
+
+
+async def test_a_delta_that_changes_the_layout_asks_for_the_directory(
+    engine: ReferenceEngine, publish: Publish, engine_workdir: Path
+) -> None:
+    full = await serving_full(engine, publish, "dl-1")
+    extra = {"extra.bias": torch.zeros(4, dtype=torch.bfloat16)}
+    current = rl_step(full, engine_workdir / "dl-2-weights", seed=5, extra=extra)
+    delta = delta_of(full, current, engine_workdir / "dl-2", "dl-2", "dl-1")
+    before = await served_digests(engine)
+    with pytest.raises(DeltaNotApplicable):
+        await engine.apply_delta(delta, "dl-2")
+    assert await served_digests(engine) == before
