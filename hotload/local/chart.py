@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 RELEASE: Final = "hotload"
 NAMESPACE: Final = "hotload-system"
+DEFAULT_OPERATOR_REPLICAS: Final = 2
 #: What helm may take to apply a release (it does not wait for pods: see wait_operator).
 HELM_TIMEOUT_S: Final = 180.0
 #: The fake GPU nodes' taint: every pod that runs in a local region tolerates it.
@@ -84,6 +85,12 @@ class ChartRelease:
         name, or ``<release>-hotload`` when the release's name does not contain ``hotload``)."""
         fullname = self.release if "hotload" in self.release else f"{self.release}-hotload"
         return f"{fullname[:63].rstrip('-')}-operator"[:63].rstrip("-")
+
+    @property
+    def operator_replicas(self) -> int:
+        """How many operator replicas the release asks for (the chart's default: 2)."""
+        operator = self.values.get("operator") or {}
+        return int(operator.get("replicas", DEFAULT_OPERATOR_REPLICAS))
 
     def local_values(self) -> dict[str, Any]:
         """The values for a local region: the fake nodes' toleration, the watched namespaces."""

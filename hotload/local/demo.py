@@ -155,7 +155,8 @@ def install_operator(regions: Sequence[Region], release: chart.ChartRelease, say
     chart.wait_operator(regions, release)
     say(
         f"  hotload operator available in every region ({time.monotonic() - started:.0f} s): "
-        f"deploy/{release.operator_deployment} in {release.namespace}, 2 replicas peering"
+        f"deploy/{release.operator_deployment} in {release.namespace}, "
+        f"{release.operator_replicas} replicas peering"
     )
 
 

@@ -51,7 +51,7 @@ def test_operator_runs_hotload_operator_with_peering_and_its_pod_identity(tmp_pa
     deployment = one(objects, "Deployment", "hotload-operator")
     container = _container(objects)
 
-    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["replicas"] == ChartRelease().operator_replicas == 2
     assert container["command"] == ["hotload", "operator"]
     assert container["args"] == [
         "--all-namespaces", "--peering", "hotload", "--port", "8080", "--log-format", "json",
