@@ -10,6 +10,7 @@ granted where Roles in the watched namespaces would do.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,30 @@ def test_metrics_service_and_optional_service_monitor(tmp_path: Path) -> None:
     monitor = one(monitored, "ServiceMonitor", "hotload-operator")
     assert monitor["spec"]["endpoints"][0]["port"] == "http-metrics"
     assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
+def test_optional_recording_rules_and_dashboard(tmp_path: Path) -> None:
+    assert not find(render(tmp_path), "PrometheusRule")
+
+    objects = render(
+        tmp_path,
+        {
+            "metrics": {
+                "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus"}},
+                "grafanaDashboard": {"enabled": True, "namespace": "monitoring"},
+            }
+        },
+    )
+
+    rule = one(objects, "PrometheusRule", "hotload-operator")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus"
+    rules = [r for group in rule["spec"]["groups"] for r in group["rules"]]
+    assert rules and all("expr" in r for r in rules)
+    dashboard = one(objects, "ConfigMap", "hotload-dashboard")
+    assert dashboard["metadata"]["namespace"] == "monitoring"
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    panels = json.loads(dashboard["data"]["hotload.json"])["panels"]
+    assert any("hotload_" in json.dumps(panel) for panel in panels)
 
 
 @pytest.mark.parametrize("release", ["hotload", "blue", "hotload-canary"])
