@@ -1,11 +1,13 @@
 """helm install, upgrade and uninstall of the chart behave as users expect, with the real helm
 against a real apiserver and the operator's pods run by the pod runtime.
 
-A second, small release (one operator replica watching no namespace, no sidecar ClusterRole:
-the session's release owns that one) goes through its whole life in one region. It would
-catch an upgrade that does not roll the operator, a release that leaves cluster-wide objects
-behind (its ClusterRoles, peering object, admission policy), and an uninstall that takes the
-CRDs, and with them every user's RolloutDeployments and PolicySnapshots, away.
+A second, small release (one operator replica watching only its own namespace, so its rights
+are Roles there; no sidecar ClusterRole: the session's release owns that one) goes through
+its whole life in one region. It would catch Roles that grant too little or leak outside the
+watched namespace, an upgrade that does not roll the operator, a release that leaves
+cluster-wide objects behind (its ClusterRoles, peering object, admission policy), and an
+uninstall that takes the CRDs, and with them every user's RolloutDeployments and
+PolicySnapshots, away.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from kubernetes.client.exceptions import ApiException
 
 from hotload.local import LocalRegions, Region, helm_path
 from hotload.local import chart as hotload_chart
+from hotload.operator.workload import SIDECAR_CLUSTER_ROLE
 from hotload.waiting import wait_until
+from tests.fixtures.cluster import Kubectl
 from tests.integration.chart.objects import idle_deployment_body
 
 pytestmark = pytest.mark.cluster
@@ -81,6 +85,26 @@ def _operator_env(api: k8s.ApiClient, release: hotload_chart.ChartRelease) -> li
     ]
 
 
+def _assert_rights_only_in(
+    kubectl: Kubectl, region: Region, release: hotload_chart.ChartRelease, watched: str, other: str
+) -> None:
+    """Role mode on the real apiserver: rights in the watched namespace, none elsewhere, and
+    `bind` on the sidecar ClusterRole through a Role is enough for the operator's binding."""
+    subject = f"--as=system:serviceaccount:{release.namespace}:{release.operator_deployment}"
+    for where, expected in ((watched, 0), (other, 1)):
+        done = kubectl.run(
+            "auth", "can-i", "watch", "rolloutdeployments.hotload.dev", "-n", where, subject,
+            context=region.context,
+        )  # fmt: skip
+        assert done.returncode == expected, f"watch in {where}: {done.stdout}{done.stderr}"
+    binding = kubectl.run(
+        "create", "rolebinding", "probe", f"--clusterrole={SIDECAR_CLUSTER_ROLE}",
+        f"--serviceaccount={watched}:probe-sidecar", "-n", watched, "--dry-run=server", subject,
+        context=region.context,
+    )  # fmt: skip
+    assert binding.returncode == 0, binding.stderr
+
+
 def _revisions(region: Region, release: hotload_chart.ChartRelease) -> list[int]:
     done = subprocess.run(
         [
@@ -94,7 +118,10 @@ def _revisions(region: Region, release: hotload_chart.ChartRelease) -> list[int]
 
 
 def test_install_upgrade_uninstall_keeps_crds_and_leaves_nothing_else(
-    local_regions: LocalRegions, kube_clients: dict[str, k8s.ApiClient], namespace: str
+    local_regions: LocalRegions,
+    kube_clients: dict[str, k8s.ApiClient],
+    kubectl: Kubectl,
+    namespace: str,
 ) -> None:
     region = local_regions.regions[-1]
     api = kube_clients[region.name]
@@ -102,7 +129,8 @@ def test_install_upgrade_uninstall_keeps_crds_and_leaves_nothing_else(
     release = hotload_chart.ChartRelease(
         release=name,
         namespace=name,
-        watch_namespaces=("zz-nothing-*",),
+        # A plain name: the operator's namespaced rights are a Role there, not a ClusterRole.
+        watch_namespaces=(name,),
         values={"operator": {"replicas": 1}, "sidecar": {"createClusterRole": False}},
     )
 
@@ -110,6 +138,7 @@ def test_install_upgrade_uninstall_keeps_crds_and_leaves_nothing_else(
     hotload_chart.wait_operator([region], release)
 
     assert all(_release_objects(api, release).values()), _release_objects(api, release)
+    _assert_rights_only_in(kubectl, region, release, watched=name, other=namespace)
     assert [env["HOTLOAD_LOG_LEVEL"] for env in _operator_env(api, release)] == ["info"]
 
     upgraded = hotload_chart.ChartRelease(
