@@ -81,9 +81,13 @@ class ChartRelease:
 
     @property
     def operator_deployment(self) -> str:
-        """The Deployment the chart names ``<fullname>-operator`` (fullname: the release's
-        name, or ``<release>-hotload`` when the release's name does not contain ``hotload``)."""
-        fullname = self.release if "hotload" in self.release else f"{self.release}-hotload"
+        """The Deployment the chart names ``<fullname>-operator`` (fullname, as the chart's
+        helper makes it: ``fullnameOverride``, else the release's name when it contains the
+        chart's (or ``nameOverride``'s) name, else ``<release>-<name>``)."""
+        name = self.values.get("nameOverride") or "hotload"
+        fullname = self.values.get("fullnameOverride") or (
+            self.release if name in self.release else f"{self.release}-{name}"
+        )
         return f"{fullname[:63].rstrip('-')}-operator"[:63].rstrip("-")
 
     @property

@@ -178,13 +178,23 @@ def test_optional_recording_rules_and_dashboard(tmp_path: Path) -> None:
     assert any("hotload_" in json.dumps(panel) for panel in panels)
 
 
-@pytest.mark.parametrize("release", ["hotload", "blue", "hotload-canary"])
+@pytest.mark.parametrize(
+    ("release", "values"),
+    [
+        ("hotload", {}),
+        ("blue", {}),
+        ("hotload-canary", {}),
+        ("blue", {"nameOverride": "rollouts"}),
+        ("blue", {"fullnameOverride": "fleet"}),
+    ],
+)
 def test_the_local_installer_names_the_deployment_as_the_chart_does(
-    tmp_path: Path, release: str
+    tmp_path: Path, release: str, values: dict[str, Any]
 ) -> None:
-    objects = render(tmp_path, release=release)
+    objects = render(tmp_path, values, release=release)
 
-    assert find(objects, "Deployment", ChartRelease(release=release).operator_deployment)
+    expected = ChartRelease(release=release, values=values).operator_deployment
+    assert find(objects, "Deployment", expected), [o["metadata"]["name"] for o in objects]
 
 
 @pytest.mark.parametrize(
