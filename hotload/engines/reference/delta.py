@@ -90,9 +90,7 @@ def patch_storage(
         name: tensor.detach().reshape(-1).view(_TORCH_WORDS[tensor.element_size()]).numpy()
         for name, tensor in storage.items()
     }
-    words = {
-        name: view.view(_NUMPY_WORDS[view.itemsize]) for name, view in views.items()
-    }
+    words = {name: view.view(_NUMPY_WORDS[view.itemsize]) for name, view in views.items()}
     changes: list[Change] = []
 
     def heard(name: str, start: int, positions: np.ndarray | None, length: int) -> None:
@@ -135,3 +133,34 @@ def copy_changes(
             target[index] = source[index].to(target.dtype)
             copied += len(index)
     return copied
+
+
+def changed_positions(held: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """Flat positions where ``new``'s bits differ from ``held``'s (same dtype and shape)."""
+    width = held.element_size()
+    old_words = held.detach().reshape(-1).view(_TORCH_WORDS[width])
+    new_words = new.detach().contiguous().reshape(-1).view(_TORCH_WORDS[width])
+    return torch.nonzero(old_words != new_words).reshape(-1)
+
+
+def write_positions(
+    changed: Mapping[str, torch.Tensor],
+    tensors: Mapping[str, torch.Tensor],
+    storage: Mapping[str, torch.Tensor],
+    parameters: Mapping[str, torch.Tensor],
+) -> int:
+    """Write only the changed elements of ``tensors`` into the held bits and the
+    parameters (between two tokens); returns how many were written."""
+    written = 0
+    with torch.no_grad():
+        for name, positions in changed.items():
+            if not positions.numel():
+                continue
+            source = tensors[name].detach().contiguous().reshape(-1)[positions]
+            held = storage[name].reshape(-1)
+            held[positions] = source
+            target = parameters[name].view(-1)
+            if target.data_ptr() != held.data_ptr():
+                target[positions] = source.to(target.dtype)
+            written += int(positions.numel())
+    return written

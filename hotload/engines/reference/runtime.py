@@ -85,6 +85,9 @@ class _Prepared:
     kind: SnapshotKind
     tensors: dict[str, torch.Tensor] | None = None
     merged: torch.nn.Module | None = None
+    changed: dict[str, torch.Tensor] | None = None
+    """Per tensor, the flat positions whose bits differ from the held ones (found beside
+    serving): then only those elements are written between two tokens."""
 
 
 class ReferenceRuntime:
@@ -143,7 +146,15 @@ class ReferenceRuntime:
         tensors = read_full_snapshot(
             path, expected=self._specs, aliases=self._aliases, architecture=self.config
         )
-        return _Prepared(kind, tensors=tensors)
+        storage = self._storage
+        if storage is None or self._serving is not self._base:
+            return _Prepared(kind, tensors=tensors)
+        # A near-identical snapshot (the next RL step): find what differs now, beside
+        # serving, so the pause only writes those elements.
+        changed = {
+            name: delta.changed_positions(storage[name], tensor) for name, tensor in tensors.items()
+        }
+        return _Prepared(kind, tensors=tensors, changed=changed)
 
     def _merge_lora(self, path: Path) -> torch.nn.Module:
         return merge_lora(self._base, path)
@@ -155,6 +166,9 @@ class ReferenceRuntime:
             return
         tensors = prepared.tensors or {}
         parameters = rm.parameters(self._base)
+        if prepared.changed is not None and self._storage is not None:
+            delta.write_positions(prepared.changed, tensors, self._storage, parameters)
+            return
         with torch.no_grad():
             for name, param in parameters.items():
                 param.copy_(tensors[name])
