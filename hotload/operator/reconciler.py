@@ -48,6 +48,7 @@ from hotload.operator.rollout import ChainVerdict, SnapshotInfo
 from hotload.operator.snapshot_status import ObservedSnapshot
 from hotload.operator.store import Versioned, VersionedStore, is_newer
 from hotload.operator.workload import label_selector, render_workload
+from hotload.retry import Backoff, RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +65,8 @@ class ReconcileTiming:
     status_interval_s: float = 5.0
     """Deployment status writes that change only counts or messages wait this long since
     the last write (every sidecar watches the deployment; target moves never wait)."""
-    retry_initial_s: float = 0.5
-    retry_max_s: float = 30.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """Backoff after a failed reconcile (the project's one policy: 0.5 s doubling to 30 s)."""
 
 
 def observed_snapshot(body: Mapping[str, Any]) -> ObservedSnapshot | None:
@@ -221,7 +222,7 @@ class DeploymentReconciler:
 
     async def run(self) -> None:
         """Reconcile until cancelled (kopf cancels it when the daemon stops)."""
-        delay = self._timing.retry_initial_s
+        backoff = Backoff(self._timing.retry)
         last_list = 0.0
         log.info("reconciler started", extra=self._context())
         while True:
@@ -230,19 +231,19 @@ class DeploymentReconciler:
                     await self._seed()
                     last_list = time.monotonic()
                 await self.reconcile()
-                delay = self._timing.retry_initial_s
+                backoff.reset()
             except Exception as err:  # a reconciler never dies: it logs and retries
                 self._seeded = False
                 self._workload_dirty = True
                 reason = err.reason if isinstance(err, KubeError) else type(err).__name__
                 self._metrics.reconcile_errors.labels(self.namespace, self.name, reason).inc()
+                delay = backoff.next_delay()
                 log.warning(
                     "reconcile failed, retrying",
                     exc_info=not isinstance(err, KubeError),
                     extra=self._context(error=str(err), retry_in_s=round(delay, 2)),
                 )
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self._timing.retry_max_s)
                 continue
             await self.wakeup.wait(self._timing.resync_s)
 

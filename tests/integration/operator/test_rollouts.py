@@ -27,6 +27,7 @@ def test_full_then_deltas_roll_out_and_a_skipped_step_turns_ready_as_superseded(
     rollout.wait_ready(s0.identity)
     table = rollout.run("get", "psnap", s0.identity)
     assert "3/3" in table and "Ready" in table, table
+    uids = {pod.metadata.uid for pod in rollout.pods()}
 
     # A fast trainer: two steps in the bucket before either is applied.
     s1, s2 = rollout.prepare(1), rollout.prepare(2)
@@ -45,6 +46,7 @@ def test_full_then_deltas_roll_out_and_a_skipped_step_turns_ready_as_superseded(
     assert rollout.condition(rollout.snapshot(s1.identity), "Ready") == ("True", "Superseded")
     assert rollout.condition(rollout.snapshot(s2.identity), "Ready") == ("True", "Rolled")
 
+    assert {pod.metadata.uid for pod in rollout.pods()} == uids  # hot-loaded: no pod restarted
     ledger = rollout.ledger(s2.identity)
     assert sorted(ledger) == ["fleet-0", "fleet-1", "fleet-2"]
     assert {(e["state"], e["snapshot"]) for e in ledger.values()} == {("Ready", s2.identity)}
@@ -185,6 +187,15 @@ def test_another_writer_is_repaired(rollout: Rollout) -> None:
             "identity": "not-a-snapshot", "step": 99, "kind": "Full", "kvCachePolicy": "all"}}}),
     )  # fmt: skip
     rollout.wait_for("the target repaired", lambda: rollout.target() == s0.identity)
+    # A spec change reaches the owned StatefulSet.
+    limits = {"limits": {"nvidia.com/gpu": "1"}}
+    rollout.run("patch", "rolloutdeployment", rollout.name, "--type=merge",
+                "-p", json.dumps({"spec": {"engine": {"resources": limits}}}))  # fmt: skip
+    rollout.wait_for(
+        "the StatefulSet's engine container updated",
+        lambda: rollout.get("statefulset", rollout.name)["spec"]["template"]["spec"][
+            "containers"][0].get("resources") == limits,
+    )  # fmt: skip
 
 
 def test_a_snapshot_of_a_missing_deployment_says_so(rollout: Rollout) -> None:
@@ -193,7 +204,9 @@ def test_a_snapshot_of_a_missing_deployment_says_so(rollout: Rollout) -> None:
     rollout.apply(orphan.manifest("no-such-deployment"))
     rollout.wait_for(
         "Ready=False DeploymentNotFound",
-        lambda: rollout.condition(rollout.snapshot(orphan.identity), "Ready")
-        == ("False", "DeploymentNotFound"),
+        lambda: (
+            rollout.condition(rollout.snapshot(orphan.identity), "Ready")
+            == ("False", "DeploymentNotFound")
+        ),
     )
     assert rollout.snapshot(orphan.identity)["status"]["phase"] == "Pending"
