@@ -30,11 +30,11 @@ from enum import StrEnum
 from typing import Final
 
 from hotload.api import ConditionStatus, KvCachePolicy, SnapshotKind, SnapshotRef, reasons
-from hotload.api.policy_snapshot import DEFAULT_CHECKSUM_FORMAT, DEFAULT_COMPRESSION_FORMAT
+from hotload.snapshot.manifest import FORMATS, FileHash
 
 #: Formats the sidecar decodes (the manifest is the truth; this is the trainer's declaration).
-SUPPORTED_COMPRESSION_FORMATS: Final = frozenset({DEFAULT_COMPRESSION_FORMAT})
-SUPPORTED_CHECKSUM_FORMATS: Final = frozenset({DEFAULT_CHECKSUM_FORMAT, "adler32"})
+SUPPORTED_COMPRESSION_FORMATS: Final = frozenset(FORMATS)
+SUPPORTED_CHECKSUM_FORMATS: Final = frozenset(h.value for h in FileHash)
 
 PREVIOUS_MISSING: Final = "PreviousMissing"
 CHAIN_VALID_REASON: Final = "ChainComplete"

@@ -228,3 +228,11 @@ def test_chain_verdict_flags() -> None:
     assert ChainVerdict(T, "x", "").valid and not ChainVerdict(T, "x", "").broken
     assert ChainVerdict(F, "x", "").broken
     assert not ChainVerdict(U, "x", "").valid and not ChainVerdict(U, "x", "").broken
+
+
+def test_every_format_the_sidecar_reads_is_accepted_as_declared() -> None:
+    from hotload.snapshot.manifest import FORMATS
+
+    for declared in FORMATS:
+        snapshots = by_identity(full("s0", 0), delta("s1", 1, "s0", compression_format=declared))
+        assert validate_chains(snapshots)["s1"].valid, declared
