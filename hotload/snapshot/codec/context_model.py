@@ -121,13 +121,15 @@ def value_order(magnitudes: np.ndarray) -> int:
     return min(range(top + 1), key=lambda k: int(exp_golomb_lengths(above, k).sum()))
 
 
-def _entropy_bits(changes: np.ndarray, elements: np.ndarray) -> float:
+def _entropy_bits(changes: np.ndarray, elements: np.ndarray) -> np.ndarray:
+    """``n · h(k / n)`` bits, elementwise: the cost of coding which of n elements changed."""
     k = changes.astype(np.float64)
     n = elements.astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         p = np.where(n > 0, k / np.maximum(n, 1), 0.0)
         h = -(p * np.log2(np.where(p > 0, p, 1)) + (1 - p) * np.log2(np.where(p < 1, 1 - p, 1)))
-    return float((n * h).sum())
+    result: np.ndarray = n * h
+    return result
 
 
 def class_counts(per_key: np.ndarray, lo: int, classes: int) -> np.ndarray:
@@ -138,7 +140,8 @@ def class_counts(per_key: np.ndarray, lo: int, classes: int) -> np.ndarray:
 
 
 def choose_model(
-    previous_keys: np.ndarray,
+    per_key: np.ndarray | None,
+    elements: int,
     changed_keys: np.ndarray,
     magnitudes: np.ndarray,
     *,
@@ -147,49 +150,49 @@ def choose_model(
     classes: int,
 ) -> ContextModel:
     """The model with ``classes`` classes (1: no context) that minimises the changes'
-    estimated entropy, for elements whose keys are ``previous_keys`` and whose changed
-    elements have ``changed_keys`` and magnitudes ``magnitudes``."""
-    if classes <= 1 or key_bits == 0:
-        return _fitted(0, 0, 0, 1, previous_keys, changed_keys, magnitudes)
+    estimated entropy: ``per_key`` counts every element's key (None without a key),
+    ``changed_keys`` and ``magnitudes`` describe the changed elements."""
+    changes = len(changed_keys)
+    if classes <= 1 or key_bits == 0 or per_key is None or changes == 0:
+        unit = np.zeros(changes, dtype=np.int64)
+        return _fitted(0, 0, 0, np.array([elements]), np.array([changes]), unit, magnitudes)
     size = 1 << key_bits
-    per_key = np.bincount(previous_keys, minlength=size)
-    changed = np.bincount(changed_keys, minlength=size)
-    present = np.flatnonzero(changed)
-    if len(present) == 0:
-        return _fitted(0, 0, 0, 1, previous_keys, changed_keys, magnitudes)
     classes = min(classes, MAX_CLASSES, size + 2)
+    changed = np.bincount(changed_keys, minlength=size)[:size]
+    per_key = per_key[:size]
+    present = np.flatnonzero(changed)
     first, last = int(present[0]), int(present[-1])
-    candidates = range(max(0, first - 1), min(size, max(first, last - classes + 4)) + 1)
-    lo = min(
-        candidates,
-        key=lambda lo: _entropy_bits(
-            class_counts(changed, lo, classes), class_counts(per_key, lo, classes)
-        ),
+    # cost(lo) = tail below lo + one class per key in [lo, lo + classes - 2) + tail above,
+    # for every candidate lo at once from prefix sums
+    n_before = np.concatenate([[0], np.cumsum(per_key)])
+    c_before = np.concatenate([[0], np.cumsum(changed)])
+    h_before = np.concatenate([[0.0], np.cumsum(_entropy_bits(changed, per_key))])
+    los = np.arange(max(0, first - 1), min(size, max(first, last - classes + 4)) + 1)
+    tops = np.minimum(los + classes - 2, size)
+    cost = (
+        _entropy_bits(c_before[los], n_before[los])
+        + (h_before[tops] - h_before[los])
+        + _entropy_bits(c_before[size] - c_before[tops], n_before[size] - n_before[tops])
     )
-    return _fitted(key_shift, key_bits, lo, classes, previous_keys, changed_keys, magnitudes)
+    lo = int(los[int(np.argmin(cost))])
+    index = np.clip(np.arange(size) - lo + 1, 0, classes - 1)
+    class_elements = np.bincount(index, weights=per_key, minlength=classes).astype(np.int64)
+    class_changes = np.bincount(index, weights=changed, minlength=classes).astype(np.int64)
+    model = _fitted(
+        key_shift, key_bits, lo, class_elements, class_changes, index[changed_keys], magnitudes
+    )
+    return model
 
 
 def _fitted(
     key_shift: int,
     key_bits: int,
     lo: int,
-    classes: int,
-    previous_keys: np.ndarray,
-    changed_keys: np.ndarray,
+    elements: np.ndarray,
+    changes: np.ndarray,
+    change_class: np.ndarray,
     magnitudes: np.ndarray,
 ) -> ContextModel:
-    size = 1 << key_bits
-    keys = np.arange(size)
-    index = np.clip(keys - lo + 1, 0, classes - 1)
-    per_key = np.bincount(previous_keys, minlength=size)[:size] if key_bits else None
-    if per_key is None:
-        elements = np.array([len(previous_keys)])
-        changes = np.array([len(changed_keys)])
-        change_class = np.zeros(len(changed_keys), dtype=np.int64)
-    else:
-        elements = class_counts(per_key, lo, classes)
-        changes = class_counts(np.bincount(changed_keys, minlength=size)[:size], lo, classes)
-        change_class = index[changed_keys]
     golomb = tuple(golomb_parameter(int(k), int(n)) for k, n in zip(changes, elements, strict=True))
-    value_k = tuple(value_order(magnitudes[change_class == c]) for c in range(classes))
+    value_k = tuple(value_order(magnitudes[change_class == c]) for c in range(len(elements)))
     return ContextModel(key_shift, key_bits, lo, golomb, value_k)
