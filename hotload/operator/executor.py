@@ -10,9 +10,10 @@ precondition, and Events.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 
 FIELD_MANAGER: Final = "hotload-operator"
 EVENT_SOURCE: Final = "hotload-operator"
+RECONNECT_EVERY_S: Final = 5.0
 MERGE_PATCH: Final = "application/merge-patch+json"
 APPLY_PATCH: Final = "application/apply-patch+yaml"
 
@@ -62,17 +64,53 @@ async def _json(call: Awaitable[Any]) -> Body:
 
 
 class KubeExecutor:
-    """The calls one operator makes, on one async client."""
+    """The calls one operator makes, on one async client.
 
-    def __init__(self, api: ApiClient, metrics: OperatorMetrics, identity: str) -> None:
+    The client is built by ``connect`` (from ``KUBECONFIG`` or the in-cluster account) and
+    built again by :meth:`reconnect` when the apiserver refuses its token: pod-bound tokens
+    are rotated (the kubelet, or the local runtime, rewrites them before they expire), and
+    a client keeps the token it was built with.
+    """
+
+    def __init__(
+        self,
+        api: ApiClient,
+        metrics: OperatorMetrics,
+        identity: str,
+        connect: Callable[[], Awaitable[ApiClient]] | None = None,
+    ) -> None:
+        self._metrics = metrics
+        self._identity = identity
+        self._connect = connect
+        self._connected_at = float("-inf")
+        self._use(api)
+
+    def _use(self, api: ApiClient) -> None:
+        self.api = api
         # Typed as Any: the calls pass the client's private options (_content_type,
         # _preload_content) that its generated signatures do not declare.
         self._core: Any = CoreV1Api(api)
         self._apps: Any = AppsV1Api(api)
         self._rbac: Any = RbacAuthorizationV1Api(api)
         self._custom: Any = CustomObjectsApi(api)
-        self._metrics = metrics
-        self._identity = identity
+
+    async def reconnect(self) -> None:
+        """A fresh client with the credentials as they are now (after a 401).
+
+        Every reconciler that meets the 401 asks; one rebuild per few seconds serves them all.
+        """
+        now = asyncio.get_running_loop().time()
+        if self._connect is None or now - self._connected_at < RECONNECT_EVERY_S:
+            return
+        self._connected_at = now
+        fresh = await self._connect()
+        stale, self.api = self.api, fresh
+        self._use(fresh)
+        await stale.close()
+        log.info("API client rebuilt with fresh credentials")
+
+    async def close(self) -> None:
+        await self.api.close()
 
     def _count(self, verb: str, resource: str) -> None:
         self._metrics.api_requests.labels(verb, resource).inc()

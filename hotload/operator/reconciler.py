@@ -53,6 +53,7 @@ from hotload.retry import Backoff, RetryPolicy
 log = logging.getLogger(__name__)
 
 DELETED: Final = "DELETED"
+UNAUTHORIZED: Final = 401
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,8 @@ class DeploymentReconciler:
                 self._workload_dirty = True
                 reason = err.reason if isinstance(err, KubeError) else type(err).__name__
                 self._metrics.reconcile_errors.labels(self.namespace, self.name, reason).inc()
+                if isinstance(err, KubeError) and err.status == UNAUTHORIZED:
+                    await self._executor.reconnect()  # the token was rotated under us
                 delay = backoff.next_delay()
                 log.warning(
                     "reconcile failed, retrying",

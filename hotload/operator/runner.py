@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import kopf
+from kubernetes_asyncio.client import ApiClient
 
 from hotload.kube import async_api_client
 from hotload.operator.endpoints import start_endpoints
@@ -62,9 +63,12 @@ async def operate(
     """Run until stopped (SIGTERM/SIGINT, or ``stop_flag``)."""
     quiet_kopf_logs()
     metrics = OperatorMetrics()
-    api = await async_api_client(kubeconfig)
     identity = options.identity or "hotload-operator"
-    executor = KubeExecutor(api, metrics, identity)
+
+    async def connect() -> ApiClient:
+        return await async_api_client(kubeconfig)
+
+    executor = KubeExecutor(await connect(), metrics, identity, connect)
     fleet = Fleet(executor, metrics, timing or ReconcileTiming(), SIDECAR_CLUSTER_ROLE)
     registry = build_registry(fleet, options)
     endpoints = await start_endpoints(options.host, options.port, metrics, lambda: len(fleet))
@@ -91,7 +95,7 @@ async def operate(
         )
     finally:
         await endpoints.cleanup()
-        await api.close()
+        await executor.close()
         log.info("operator stopped")
 
 

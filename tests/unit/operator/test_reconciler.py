@@ -187,3 +187,21 @@ async def test_count_only_deployment_writes_are_coalesced_but_target_moves_are_n
     await loop.reconcile()
     assert ("deployment", "demo") in executor.calls
     assert executor.deployment["status"]["replicasByState"] == {"Loading": 1, "Ready": 2}
+
+
+async def test_a_refused_token_makes_one_fresh_client_for_all_reconcilers() -> None:
+    from hotload.operator.executor import KubeExecutor
+
+    made: list[object] = []
+
+    class Client:
+        async def close(self) -> None:
+            made.append("closed")
+
+    async def connect() -> Any:
+        made.append("new")
+        return Client()
+
+    executor = KubeExecutor(Client(), OperatorMetrics(), "op", connect)  # type: ignore[arg-type]
+    await asyncio.gather(executor.reconnect(), executor.reconnect(), executor.reconnect())
+    assert made == ["new", "closed"]
