@@ -253,3 +253,24 @@ async def test_requests_the_released_server_refuses_are_refused(
 ) -> None:
     assert (await sglang.post("/pause_generation", json={"mode": "keep"})).status_code == 422
     assert (await vllm.post("/pause", params={"mode": "in_place"})).status_code == 422
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_every_route_a_fake_serves_is_a_released_route(engine: str) -> None:
+    from fastapi.routing import APIRoute
+
+    from hotload.engines.fakes.contract import EngineContract
+
+    if engine == "sglang":
+        app = sglang_app(SGLangOptions(model_path="/m"))
+    else:
+        app = vllm_app(VLLMOptions(model="/m", dev_mode=True, runtime_lora=True))
+    contract = EngineContract.load(engine)
+    served = {
+        (method, route.path)
+        for route in app.routes
+        if isinstance(route, APIRoute) and not route.path.startswith("/hotload_fake/")
+        for method in route.methods
+    }
+    assert served, "the fake serves no route"
+    assert served <= set(contract.routes), sorted(served - set(contract.routes))
