@@ -12,10 +12,11 @@ test asserts on, and a fault to inject into the next load.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -132,8 +133,6 @@ async def stream_generation(
     chunk: Callable[[Generation, str, bool], dict[str, Any]],
 ) -> AsyncIterator[bytes]:
     """SSE of one generation: a chunk per token, a last chunk with the finish reason."""
-    import asyncio
-
     queue: asyncio.Queue[bytes | None] = asyncio.Queue()
 
     async def on_token(generation: Generation, token: str) -> None:
@@ -170,6 +169,3 @@ def add_test_controls(app: FastAPI, state: FakeEngineState) -> None:
         after = int(body.get("after_tensors", 1))
         state.fail_next_load = after
         return {"armed": True, "after_tensors": after}
-
-
-Handler = Callable[[Request], Awaitable[Response]]

@@ -95,7 +95,7 @@ def create_app(options: SGLangOptions, contract: EngineContract | None = None) -
         version=options.weight_version,
         served_name=options.served_name or options.model_path,
         model_path=options.model_path,
-        rules=Rules(load_waits_for_idle=True),
+        rules=Rules(),
         token_interval=options.token_interval,
     )
     shapes = OpenAIShapes(contract)

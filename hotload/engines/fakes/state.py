@@ -73,8 +73,6 @@ class Rules:
 
     new_requests_refused_when: frozenset[Pause] = frozenset()
     """vLLM answers 503 to new requests while paused in ``abort``/``wait``."""
-    load_waits_for_idle: bool = False
-    """SGLang: an unpaused disk update takes the writer lock (waits for in-flight ones)."""
 
 
 class RefusedWhilePaused(Exception):
