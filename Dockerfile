@@ -26,10 +26,11 @@ RUN apt-get update \
  && groupadd --gid 10001 hotload \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin hotload
 
-# A virtualenv of the dependencies alone: rebuilt only when the pins change.
+# A virtualenv of the dependencies alone: rebuilt only when the pins change. The compiler
+# builds hotload's one native module (the context codec's kernels) and stays here.
 FROM base AS builder
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3-venv \
+ && apt-get install -y --no-install-recommends python3-venv python3-dev gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb \
  && python3 -m venv /opt/hotload
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_WARN_SCRIPT_LOCATION=1
@@ -47,9 +48,10 @@ RUN python3 -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb')
 FROM builder AS core-deps
 RUN /opt/hotload/bin/python -m pip uninstall -q -y pip setuptools
 
-# hotload itself, installed on its own: the package, its metadata and its `hotload` script.
+# hotload itself, installed on its own: the package (its native module compiled), its
+# metadata and its `hotload` script.
 FROM builder AS app
-COPY README.md ./
+COPY README.md setup.py ./
 COPY hotload ./hotload
 RUN /opt/hotload/bin/pip install --no-deps --no-compile --target /opt/app . \
  && /opt/hotload/bin/python -m compileall -q /opt/app/hotload \

@@ -41,7 +41,7 @@ LOCAL_SUBCOMMANDS: Final = (
     LazyCommand(
         "demo",
         "hotload.cli.local_demo:app",
-        "Install the chart, publish snapshots, break one delta, watch every replica recover.",
+        "Train and publish to three regions, break one delta, watch every replica follow.",
     ),
 )
 

@@ -1,93 +1,131 @@
-"""The main job on the embedded default: local regions, the hotload chart installed with helm,
-a ``file://`` bucket, the reference engine. Publish snapshots, break one, watch the operator.
+"""The main job: one trainer, three regions, each with its own bucket behind a WAN link, the
+hotload chart installed with helm in each. Train for real, publish every step, watch every
+replica in every region follow, break one delta, watch the fallback.
 
 What it does, in order (each step one function, so a longer demo adds steps, not branches):
 
-1. brings the local regions up (or reuses them), one real control plane per region;
+1. brings up three local regions (real etcd, kube-apiserver, kwok, the pod runtime), each
+   with its own bucket (MinIO) behind an emulated WAN link (toxiproxy: latency, bandwidth,
+   a byte counter), the buckets replicating to each other (MinIO's own replication);
 2. installs ``charts/hotload`` into each region with the pinned ``helm`` and waits until the
-   operator Deployment (two replicas, kopf peering) is available: the pod runtime runs its
-   pods' real ``hotload operator`` processes with their own pod-bound tokens;
-3. applies a RolloutDeployment in each region; the operator renders its StatefulSet,
-   Service and sidecar RBAC, and the pod runtime runs every replica's real ``hotload engine
-   reference`` and ``hotload sidecar`` processes;
-4. trains the reference model for real and publishes a Full snapshot and then deltas to the
-   bucket (manifest last); applies each PolicySnapshot to every region and waits on its
-   ``Ready`` condition, which the operator sets once every replica serves it, verified;
-5. publishes one more delta and flips a byte of one of its files in the bucket: the replicas
-   refuse it (checksum), the operator marks the snapshot ``ChainValid=False``, the deployment
-   ``Degraded``, emits an Event, and every replica keeps serving the last good snapshot; the
-   next Full clears it;
-6. asks each region's Service for a completion (which policy answers), and ends with
-   ``hotload ledger``: every replica, what it serves, and how it got there.
+   operator Deployment (two replicas, kopf peering) is available;
+3. applies a RolloutDeployment in each region that reads the region's own bucket; the
+   operator renders its StatefulSet, Service and sidecar RBAC, and the pod runtime runs
+   every replica's real ``hotload engine reference`` and ``hotload sidecar`` processes;
+4. trains a ~6M-parameter model for real (AdamW at an RL-like learning rate) and hands every
+   step's weights to the publisher (``hotload.publish``): a Full at the first step and every
+   25 steps, deltas in between, uploaded once into the home region's bucket (replication
+   brings the others their copy), applied as a PolicySnapshot in every region and waited on
+   until Ready everywhere. Per step it prints the snapshot's size (a delta against the full
+   weights), the bytes that crossed the WAN links, publish -> Ready per region, and which
+   policy answered a completion in every region;
+5. stores one delta damaged (a byte flipped in its data): every region's replicas refuse it
+   (checksum), the operator marks it ``ChainValid=False`` and the deployment ``Degraded``,
+   emits an Event, and every replica keeps serving the last good snapshot; the publisher
+   makes the next step a Full, which clears it;
+6. prints, per kind, the median bytes over the WAN against the snapshot's size (once per
+   region: three copies, never one per replica) and publish -> all Ready;
+7. ends with ``kubectl get rd,psnap`` in one region and ``hotload ledger`` across all three
+   (its LAG column: steps behind the newest snapshot published in any region).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
+import os
+import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
-import httpx
-
-from hotload.api import RolloutDeployment
-from hotload.api import pod as contract
-from hotload.api.conditions import CHAIN_VALID, DEGRADED, READY, ConditionStatus
+from hotload.api import SnapshotKind
+from hotload.api.conditions import CHAIN_VALID, DEGRADED, ConditionStatus
 from hotload.api.reasons import CHAIN_BREAKING_REASONS
-from hotload.errors import LocalRegionError
-from hotload.local import chart
-from hotload.local import lifecycle as local_regions
+from hotload.errors import HotloadError, LocalRegionError
+from hotload.local import chart, wan
+from hotload.local.corruption import CorruptingBucket, corrupting_opener
 from hotload.local.demo_region import RegionSession
-from hotload.local.region import Region, default_names
-from hotload.local.trainer import PolicyTrainer, PublishedSnapshot
-from hotload.storage import Storage, open_storage
+from hotload.local.fleets import FleetSpec, apply_fleet, complete
+from hotload.local.lifecycle import LocalRegions
+from hotload.local.region import RegionAddons, WanLink
+from hotload.local.trainer import PolicyTrainer
+from hotload.local.world import bring_up
+from hotload.publish import (
+    Publisher,
+    PublisherSettings,
+    PublishResult,
+    RegionOutcome,
+    identity_for,
+)
 
 log = logging.getLogger(__name__)
 
+REGIONS: Final = ("us-east", "eu-west", "ap-south")
 DEPLOYMENT: Final = "demo"
 SERVED_NAME: Final = "policy"
-MANIFEST: Final = "hotload-manifest.json"
+PROMPT: Final = "A trainer publishes"
+#: A Qwen2-style model of ~6.4M parameters (12.8 MB of bf16 weights): big enough that a
+#: delta's size is set by what changed, not by its manifest.
+DEMO_MODEL: Final = {
+    "model_type": "qwen2",
+    "vocab_size": 320,
+    "hidden_size": 384,
+    "intermediate_size": 1024,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": True,
+}
 Say = Callable[[str], None]
 
 
 @dataclass(frozen=True)
 class DemoSettings:
-    regions: int = 2
+    regions: int = 3
     replicas: int = 2
-    deltas: int = 4
-    """Deltas published after the first Full."""
+    steps: int = 30
+    """Training steps after the first snapshot (one publish each)."""
+    full_every: int = 25
+    corrupt_step: int | None = 27
+    """The step whose delta is stored damaged (None: no break); after the cadence's Full at
+    25, so the run shows both kinds of Full."""
     namespace: str = "hotload-demo"
     state_dir: Path | None = None
     index_base: int = 1
-    size: str = "tiny"
-    lr: float = 1e-5
-    ready_timeout_s: float = 300.0
-    break_chain: bool = True
-    """Corrupt one delta in the bucket and show the fallback to the next Full."""
+    size: str = "demo"
+    """``demo`` (~6.4M parameters), a reference model size, or a config.json path."""
+    lr: float = 1e-6
+    wan_rate_kb_s: int = 20_000
+    wan_latency_ms: int = 40
+    ready_timeout_s: float = 600.0
     chart: chart.ChartRelease = field(default_factory=chart.ChartRelease)
     """The release installed into every region (default: the operator watches everything)."""
 
 
 @dataclass
 class RolloutTiming:
-    snapshot: PublishedSnapshot
+    snapshot: PublishResult
     seconds_by_region: dict[str, float] = field(default_factory=dict)
-    """Apply → the PolicySnapshot's Ready condition, as the demo saw it."""
+    """Publish → the PolicySnapshot's Ready condition in each region."""
     reason_by_region: dict[str, str] = field(default_factory=dict)
     """Ready's reason: Rolled (it is the target) or Superseded (a newer one is)."""
+    wan_bytes: dict[str, int] = field(default_factory=dict)
+    """Bytes into each region over its WAN link while this snapshot was published."""
+    answers: dict[str, str] = field(default_factory=dict)
+    """Region → the identity that served a completion right after."""
 
 
 @dataclass
 class BrokenChain:
-    """What the demo saw while one delta in the bucket was corrupt."""
+    """What the demo saw while one delta was stored damaged."""
 
-    snapshot: PublishedSnapshot
+    snapshot: PublishResult
     corrupted_key: str
     last_good: str
     chain_reason_by_region: dict[str, str] = field(default_factory=dict)
@@ -104,6 +142,7 @@ class BrokenChain:
 @dataclass
 class DemoResult:
     timings: list[RolloutTiming] = field(default_factory=list)
+    """Every snapshot that rolled out (the damaged one is in ``broken``)."""
     broken: BrokenChain | None = None
     answers: dict[str, tuple[str, str]] = field(default_factory=dict)
     """Region → (the ``model`` a completion named, its ``x-hotload-policy`` header)."""
@@ -113,107 +152,237 @@ class DemoResult:
 
 def run_demo(settings: DemoSettings, say: Say = print) -> DemoResult:
     """Run the whole demo and return what it observed (the e2e test asserts on it)."""
-    names = default_names(settings.regions)
-    say(f"bringing up {settings.regions} local regions (real etcd, kube-apiserver, kwok) …")
-    regions = local_regions.up(names, state_dir=settings.state_dir, index_base=settings.index_base)
-    install_operator(regions.regions, settings.chart, say)
-    sessions = [RegionSession(regions.region(n), settings.namespace, DEPLOYMENT) for n in names]
+    regions = bring_up_regions(settings, say)
+    sessions = [RegionSession(r, settings.namespace, DEPLOYMENT) for r in regions.regions]
     try:
-        bucket = regions.state_dir / "demo-bucket"
-        bucket.mkdir(parents=True, exist_ok=True)
+        trainer = _trainer(regions, settings, sessions, say)
+        spec = FleetSpec(
+            name=DEPLOYMENT,
+            namespace=settings.namespace,
+            replicas=settings.replicas,
+            served_name=SERVED_NAME,
+            # The engines start with the architecture the trainer trains.
+            engine_args=("--model-config", trainer.model_config),
+        )
         for session in sessions:
-            apply_deployment(session, bucket, settings.replicas)
-            say(f"{session.name}: RolloutDeployment/{DEPLOYMENT}, {settings.replicas} replicas")
-        storage = open_storage(f"file://{bucket}")
-        trainer = _trainer(regions.state_dir, storage, settings, sessions)
-        result = DemoResult()
-        for number in range(settings.deltas + 1):
-            if number:
-                trainer.train_step()
-            snapshot = asyncio.run(trainer.publish(full=number == 0))
-            result.timings.append(roll_out(sessions, snapshot, settings, say))
-        if settings.break_chain:
-            result.broken = break_and_recover(sessions, trainer, storage, settings, say)
-        result.answers = ask_fronts(sessions, say)
+            apply_deployment(session, spec)
+        say(
+            f"RolloutDeployment/{DEPLOYMENT} in {settings.namespace}: {settings.replicas} "
+            "reference replicas per region, each region reading its own bucket"
+        )
+        result = train_and_publish(regions, sessions, spec, trainer, settings, say)
+        result.answers = ask_fronts(regions, spec, say)
         show_objects(sessions[0], say)
         result.ledger = show_ledger(regions.kubeconfig, sessions, say)
     finally:
         for session in sessions:
             session.close()
     say(
-        f"done. Look around: kubectl --kubeconfig {regions.kubeconfig} get rd,psnap,pods -A\n"
-        "stop with: hotload local down"
+        f"done. Look around: hotload status --kubeconfig {regions.kubeconfig} "
+        + " ".join(f"--context {name}" for name in regions.names)
+        + "\nstop with: hotload local down"
     )
     return result
 
 
-def install_operator(regions: Sequence[Region], release: chart.ChartRelease, say: Say) -> None:
-    """``helm upgrade --install`` the chart everywhere, then wait for the operator."""
-    say(f"helm install {release.release} charts/hotload into each region …")
+def bring_up_regions(settings: DemoSettings, say: Say) -> LocalRegions:
+    """The regions with their buckets and WAN links, and the chart's operator in each."""
+    names = REGIONS[: settings.regions] if settings.regions <= len(REGIONS) else [
+        f"region-{n}" for n in range(1, settings.regions + 1)
+    ]  # fmt: skip
+    addons = RegionAddons(
+        object_storage=True,
+        wan=WanLink(rate_kb_s=settings.wan_rate_kb_s, latency_ms=settings.wan_latency_ms),
+        replication=True,
+    )
+    say(
+        f"bringing up {len(names)} local regions ({', '.join(names)}): a real control plane, "
+        f"a bucket (MinIO) behind a WAN link ({settings.wan_rate_kb_s:,} KB/s, "
+        f"{settings.wan_latency_ms} ms), buckets replicating to each other …"
+    )
+    say(f"helm install {settings.chart.release} charts/hotload into each region …")
     started = time.monotonic()
-    chart.install(regions, release)
-    chart.wait_operator(regions, release)
+    regions = bring_up(
+        names,
+        addons=addons,
+        state_dir=settings.state_dir,
+        index_base=settings.index_base,
+        chart=settings.chart,
+    )
+    if not all(region.addons.object_storage for region in regions.regions):
+        raise LocalRegionError(
+            "these regions run without buckets: run `hotload local down` and the demo again",
+            state_dir=str(regions.state_dir),
+        )
     say(
         f"  hotload operator available in every region ({time.monotonic() - started:.0f} s): "
-        f"deploy/{release.operator_deployment} in {release.namespace}, "
-        f"{release.operator_replicas} replicas peering"
+        f"deploy/{settings.chart.operator_deployment} in {settings.chart.namespace}, "
+        f"{settings.chart.operator_replicas} replicas peering"
     )
+    # The publisher finds each region's bucket credentials by kube context (a profile each).
+    os.environ["AWS_SHARED_CREDENTIALS_FILE"] = str(regions.aws_credentials_file)
+    os.environ["AWS_CONFIG_FILE"] = str(regions.aws_config_file)
+    return regions
 
 
-def deployment_manifest(bucket: Path, replicas: int) -> dict[str, Any]:
-    deployment = RolloutDeployment.model_validate(
-        {
-            "metadata": {"name": DEPLOYMENT},
-            "spec": {
-                "model": {"name": "hotload-tiny-qwen2", "servedName": SERVED_NAME},
-                "engine": {"kind": "reference", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
-                "replicas": replicas,
-                "hotLoad": {
-                    "bucketUrl": f"file://{bucket}",
-                    "transition": "ASYNC",
-                    "kvCachePolicy": "new_session",
-                },
-                "scheduling": {"tolerations": [dict(t) for t in chart.LOCAL_TOLERATIONS]},
-            },
-        }
-    )
-    return deployment.to_k8s()
-
-
-def apply_deployment(session: RegionSession, bucket: Path, replicas: int) -> None:
-    """The namespace and the RolloutDeployment; the operator makes the rest."""
+def apply_deployment(session: RegionSession, spec: FleetSpec) -> None:
+    """The namespace, the bucket Secret and the RolloutDeployment; the operator makes the rest."""
     session.apply(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": session.namespace}}
     )
-    session.apply(deployment_manifest(bucket, replicas))
+    apply_fleet(session.region, spec)
 
 
 def _trainer(
-    state_dir: Path, storage: Storage, settings: DemoSettings, sessions: Sequence[RegionSession]
+    regions: LocalRegions, settings: DemoSettings, sessions: Sequence[RegionSession], say: Say
 ) -> PolicyTrainer:
     """A fresh trainer whose steps continue after any snapshot an earlier run left: targets
     only move forward, so a rerun on the same regions starts above the last step."""
     run = format(int(time.time()) % 36**6, "x")
-    trainer = PolicyTrainer(
-        state_dir / "demo-trainer" / run,
-        storage,
-        name=f"{DEPLOYMENT}-{run}",
-        size=settings.size,
-        lr=settings.lr,
-    )
+    work = regions.state_dir / "demo" / run
+    size = settings.size
+    if size == "demo":
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "config.json").write_text(json.dumps(DEMO_MODEL))
+        size = str(work / "config.json")
+    trainer = PolicyTrainer(work / "trainer", name=f"{DEPLOYMENT}-{run}", size=size, lr=settings.lr)
     steps = [s.spec.step for session in sessions for s in session.snapshots()]
     trainer.step = max(steps) + 1 if steps else 0
+    params = sum(p.numel() for p in trainer.model.parameters())
+    say(f"trainer: {params / 1e6:.1f}M parameters, AdamW at lr {settings.lr:g} (RL-like)")
     return trainer
 
 
-def _describe(snapshot: PublishedSnapshot) -> str:
-    text = f"{snapshot.identity} ({snapshot.kind.value}, step {snapshot.step}"
-    if snapshot.previous:
-        text += f", loss {snapshot.loss:.3f}"
-    text += f"): {snapshot.stored_bytes:,} bytes stored"
-    if snapshot.previous:
-        text += f", {snapshot.ratio:.0f}x smaller than the full weights"
-    return text
+def train_and_publish(
+    regions: LocalRegions,
+    sessions: Sequence[RegionSession],
+    spec: FleetSpec,
+    trainer: PolicyTrainer,
+    settings: DemoSettings,
+    say: Say,
+) -> DemoResult:
+    """Train and publish every step; break one delta on the way."""
+    names = regions.names
+    prefix = f"{DEPLOYMENT}-{trainer.name.rsplit('-', 1)[-1]}"
+    first = trainer.step
+    corrupt = None if settings.corrupt_step is None else first + settings.corrupt_step
+    damaged = {identity_for(prefix, corrupt, SnapshotKind.INCREMENTAL)} if corrupt else set()
+    opener, buckets = corrupting_opener(damaged)
+    publisher_settings = PublisherSettings(
+        deployment=DEPLOYMENT,
+        contexts=tuple(names),
+        workdir=trainer.workdir.parent / "publisher",
+        namespace=settings.namespace,
+        kubeconfig=regions.kubeconfig,
+        identity_prefix=prefix,
+        home=names[0],
+        full_every=settings.full_every,
+        wait=True,
+        wait_timeout_s=settings.ready_timeout_s,
+        # The demo shows the operator's side of a break before the next step's Full.
+        fallback_full=False,
+        files_from=trainer.model_files(trainer.workdir.parent / "model"),
+    )
+    result = DemoResult()
+    say(
+        f"publishing every step to {len(names)} regions: written once into {names[0]}'s bucket, "
+        "replicated to the others, applied everywhere, waited on until Ready"
+    )
+    with Publisher(publisher_settings, open_bucket=opener) as publisher:
+        for number in range(settings.steps + 1):
+            if number:
+                trainer.train_step()
+            if trainer.step == corrupt:
+                say(f"(step {trainer.step}'s delta goes into the bucket with one byte flipped …)")
+            timing = publish_step(regions, spec, publisher, trainer, settings)
+            published = timing.snapshot
+            if trainer.step == corrupt and result.timings:
+                result.broken = observe_break(
+                    sessions, timing, buckets, result.timings[-1], settings, say
+                )
+                continue
+            result.timings.append(timing)
+            say_step(timing, names, say)
+            if result.broken is not None and result.broken.recovery is None:
+                result.broken.recovery = timing
+                wait_cleared(sessions, result.broken, published, settings, say)
+    say_totals(result.timings, len(names), say)
+    return result
+
+
+def publish_step(
+    regions: LocalRegions,
+    spec: FleetSpec,
+    publisher: Publisher,
+    trainer: PolicyTrainer,
+    settings: DemoSettings,
+) -> RolloutTiming:
+    """One publish, waited on everywhere; the bytes each WAN link carried meanwhile."""
+    before = {region.name: wan.bytes_over(region) for region in regions.regions}
+    published = publisher.publish(trainer.inference_state(), trainer.step).result()
+    after = {region.name: wan.bytes_over(region) for region in regions.regions}
+    timing = RolloutTiming(
+        published, wan_bytes={n: after[n].inbound - before[n].inbound for n in regions.names}
+    )
+    for name, outcome in published.regions.items():
+        if outcome.outcome.ok and outcome.ready_seconds is not None:
+            timing.seconds_by_region[name] = outcome.ready_seconds
+            timing.reason_by_region[name] = (
+                "Superseded" if outcome.outcome is RegionOutcome.SUPERSEDED else "Rolled"
+            )
+        elif outcome.outcome is not RegionOutcome.CHAIN_BROKEN:
+            raise LocalRegionError(
+                "a region did not roll the snapshot out",
+                region=name,
+                snapshot=published.identity,
+                outcome=outcome.outcome.value,
+                error=outcome.error or "",
+            )
+    for region in regions.regions:
+        try:
+            timing.answers[region.name] = complete(region, spec, PROMPT).identity
+        except HotloadError as err:
+            timing.answers[region.name] = f"(no answer: {err.message})"
+    return timing
+
+
+def _kib(count: float) -> str:
+    return f"{count / 1024:,.1f} KiB" if count < 4 * 1024 * 1024 else f"{count / 2**20:,.1f} MiB"
+
+
+def say_step(timing: RolloutTiming, names: Sequence[str], say: Say) -> None:
+    snapshot = timing.snapshot
+    size = f"{snapshot.kind.value:<11} {_kib(snapshot.stored_bytes):>10}"
+    if snapshot.kind is SnapshotKind.INCREMENTAL:
+        size += f" ({snapshot.ratio:.0f}x smaller than the full weights)"
+    elif snapshot.why == "chain-broken":
+        size += " (the Full after the break)"
+    crossed = sum(timing.wan_bytes.values())
+    ready = "  ".join(f"{n} {timing.seconds_by_region.get(n, 0):.1f}s" for n in names)
+    say(f"step {snapshot.step:>3}: {size}; over the WAN {_kib(crossed)}; Ready: {ready}")
+    answered = {timing.answers.get(n) for n in names}
+    served = (
+        f"all {len(names)} regions answer as {snapshot.identity}"
+        if answered == {snapshot.identity}
+        else "answers: " + ", ".join(f"{n}={timing.answers.get(n)}" for n in names)
+    )
+    say(f"          {served}")
+
+
+def say_totals(timings: Sequence[RolloutTiming], regions: int, say: Say) -> None:
+    """Bytes over the WAN per snapshot, Full vs delta, against the snapshot's size."""
+    for kind in (SnapshotKind.FULL, SnapshotKind.INCREMENTAL):
+        picked = [t for t in timings if t.snapshot.kind is kind]
+        if not picked:
+            continue
+        crossed = statistics.median(sum(t.wan_bytes.values()) for t in picked)
+        stored = statistics.median(t.snapshot.stored_bytes for t in picked)
+        slowest = statistics.median(max(t.seconds_by_region.values(), default=0) for t in picked)
+        say(
+            f"{kind.value}: median {_kib(stored)} stored, {_kib(crossed)} over the WAN "
+            f"({crossed / stored:.2f}x: once per region, {regions} regions), publish -> all "
+            f"Ready {slowest:.1f} s"
+        )
 
 
 def _snapshot_problems(session: RegionSession, identity: str) -> str:
@@ -232,103 +401,34 @@ def _snapshot_problems(session: RegionSession, identity: str) -> str:
     return "; ".join(parts)
 
 
-def roll_out(
+def observe_break(
     sessions: Sequence[RegionSession],
-    snapshot: PublishedSnapshot,
-    settings: DemoSettings,
-    say: Say,
-) -> RolloutTiming:
-    """Apply the PolicySnapshot everywhere; wait on its Ready condition in every region."""
-    timing = RolloutTiming(snapshot)
-    say(f"published {_describe(snapshot)}")
-    started = time.monotonic()
-    for session in sessions:
-        session.apply(snapshot.manifest(DEPLOYMENT).to_k8s())
-    for session in sessions:
-
-        def ready(session: RegionSession = session) -> str | None:
-            chain = session.snapshot_condition(snapshot.identity, CHAIN_VALID)
-            if chain is not None and chain.status is ConditionStatus.FALSE:
-                raise LocalRegionError(
-                    "the snapshot's chain is broken",
-                    region=session.name,
-                    snapshot=snapshot.identity,
-                    reason=chain.reason,
-                    detail=chain.message,
-                )
-            condition = session.snapshot_condition(snapshot.identity, READY)
-            ok = condition is not None and condition.status is ConditionStatus.TRUE
-            return condition.reason if condition is not None and ok else None
-
-        def problems(session: RegionSession = session) -> str:
-            return _snapshot_problems(session, snapshot.identity)
-
-        reason = session.wait(
-            f"policysnapshot/{snapshot.identity} Ready", ready, settings.ready_timeout_s, problems
-        )
-        seconds = time.monotonic() - started
-        timing.seconds_by_region[session.name] = seconds
-        timing.reason_by_region[session.name] = reason
-        ledger = session.snapshot(snapshot.identity)
-        summary = ledger.status.replicas_summary if ledger and ledger.status else "?"
-        say(f"  {session.name}: Ready ({reason}) {summary} replicas, verified ({seconds:.1f} s)")
-    return timing
-
-
-async def corrupt_one_file(storage: Storage, snapshot: PublishedSnapshot) -> str:
-    """Flip one byte in the middle of the snapshot's largest stored file (not its manifest),
-    as a bad disk or a broken copy would; return its key."""
-    keys = [f"{snapshot.identity}/{name}" for name in snapshot.files if name != MANIFEST]
-    sizes = {key: (await storage.stat(key)).size for key in keys}
-    key = max(sizes, key=lambda k: sizes[k])
-    data = bytearray(await storage.get(key, max_bytes=sizes[key]))
-    data[len(data) // 2] ^= 0xFF
-    await storage.put(key, bytes(data))
-    return key
-
-
-def break_and_recover(
-    sessions: Sequence[RegionSession],
-    trainer: PolicyTrainer,
-    storage: Storage,
+    timing: RolloutTiming,
+    buckets: Sequence[CorruptingBucket],
+    last_good: RolloutTiming,
     settings: DemoSettings,
     say: Say,
 ) -> BrokenChain:
-    """Publish a delta with one corrupt file; show what the operator and replicas do; let
-    the next Full clear it."""
-    last_good = trainer.published[-1].identity
-    trainer.train_step()
-    snapshot = asyncio.run(trainer.publish(full=False))
-    key = asyncio.run(corrupt_one_file(storage, snapshot))
-    broken = BrokenChain(snapshot, key, last_good)
-    say(f"published {_describe(snapshot)}")
-    say(f"  … and flipped one byte of {key} in the bucket")
-    for session in sessions:
-        session.apply(snapshot.manifest(DEPLOYMENT).to_k8s())
+    """What the operator and the replicas do with the damaged delta, in every region."""
+    snapshot = timing.snapshot
+    keys = [key for bucket in buckets for key in bucket.damaged]
+    broken = BrokenChain(snapshot, keys[0] if keys else "", last_good.snapshot.identity)
+    say(
+        f"step {snapshot.step:>3}: {snapshot.identity} ({_kib(snapshot.stored_bytes)}), "
+        f"flipped one byte of {broken.corrupted_key or '?'}: every region answered "
+        + ", ".join(f"{n} {r.outcome.value}" for n, r in snapshot.regions.items())
+    )
     for session in sessions:
         _observe_break(session, broken, settings, say)
-    broken.answers = ask_fronts(sessions, say)
-    trainer.train_step()
-    full = asyncio.run(trainer.publish(full=True))
-    broken.recovery = roll_out(sessions, full, settings, say)
-    for session in sessions:
-
-        def cleared(session: RegionSession = session) -> str | None:
-            return _condition_is(session, ConditionStatus.FALSE)
-
-        degraded = session.wait(
-            f"{DEPLOYMENT} Degraded to clear", cleared, settings.ready_timeout_s
-        )
-        broken.degraded_after_recovery[session.name] = degraded
-        say(f"  {session.name}: Degraded={degraded} after {full.identity}")
+    broken.answers = {
+        name: (f"{SERVED_NAME}@{identity}", identity) for name, identity in timing.answers.items()
+    }
+    say(
+        "  completions still name "
+        + ", ".join(f"{name}: {identity}" for name, identity in timing.answers.items())
+    )
+    say("  the publisher makes the next step a Full (its rule after a region reports a break)")
     return broken
-
-
-def _condition_is(session: RegionSession, status: ConditionStatus) -> str | None:
-    condition = session.deployment_condition(DEGRADED)
-    if condition is None or condition.status is not status:
-        return None
-    return f"{condition.status.value} ({condition.reason})"
 
 
 def _observe_break(
@@ -379,40 +479,52 @@ def _observe_break(
     )
     held = broken.degraded_reason_by_region[session.name]
     say(
-        f"  {session.name}: policysnapshot/{identity} ChainValid=False ({reason}); "
-        f"rolloutdeployment/{DEPLOYMENT} Degraded=True ({held.split(':', 1)[0]})"
+        f"  {session.name}: ChainValid=False ({reason}), rolloutdeployment/{DEPLOYMENT} "
+        f"Degraded=True ({held.split(':', 1)[0]}), Event {reason}: "
+        f"{_short(broken.events_by_region[session.name][-1], 60)}; every replica still "
+        f"serves {broken.last_good}"
     )
-    say(f"  {session.name}: Event {reason}: {_short(broken.events_by_region[session.name][-1])}")
-    say(f"  {session.name}: every replica still serves {broken.last_good}")
+
+
+def wait_cleared(
+    sessions: Sequence[RegionSession],
+    broken: BrokenChain,
+    full: PublishResult,
+    settings: DemoSettings,
+    say: Say,
+) -> None:
+    """The Full after the break clears Degraded everywhere."""
+    for session in sessions:
+
+        def cleared(session: RegionSession = session) -> str | None:
+            condition = session.deployment_condition(DEGRADED)
+            if condition is None or condition.status is not ConditionStatus.FALSE:
+                return None
+            return f"{condition.status.value} ({condition.reason})"
+
+        degraded = session.wait(
+            f"{DEPLOYMENT} Degraded to clear", cleared, settings.ready_timeout_s
+        )
+        broken.degraded_after_recovery[session.name] = degraded
+    say(
+        f"          {full.identity} cleared the break: Degraded="
+        + ", ".join(f"{n} {v}" for n, v in broken.degraded_after_recovery.items())
+    )
 
 
 def _short(text: str, limit: int = 110) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-async def _ask_front(port: int) -> tuple[str, str]:
-    async with httpx.AsyncClient(timeout=60) as client:
-        response = await client.post(
-            f"http://127.0.0.1:{port}/v1/completions",
-            json={"model": SERVED_NAME, "prompt": "A trainer publishes", "max_tokens": 12},
-        )
-        response.raise_for_status()
-        return response.json()["model"], response.headers.get(contract.POLICY_HEADER, "")
-
-
-def ask_fronts(sessions: Sequence[RegionSession], say: Say) -> dict[str, tuple[str, str]]:
+def ask_fronts(regions: LocalRegions, spec: FleetSpec, say: Say) -> dict[str, tuple[str, str]]:
     """One completion through each region's Service: which policy answered."""
     answers: dict[str, tuple[str, str]] = {}
-    for session in sessions:
-        port = session.service_port()
-        if port is None:
-            say(f"{session.name}: no local Service port yet")
-            continue
-        model, policy = asyncio.run(_ask_front(port))
-        answers[session.name] = (model, policy)
+    for region in regions.regions:
+        answer = complete(region, spec, PROMPT, max_tokens=12)
+        answers[region.name] = (answer.model, answer.policy)
         say(
-            f"  {session.name}: 127.0.0.1:{port} answered as model={model} "
-            f"({contract.POLICY_HEADER}: {policy})"
+            f"  {region.name} answered as model={answer.model} (x-hotload-policy: "
+            f"{answer.policy})"
         )
     return answers
 
@@ -420,7 +532,9 @@ def ask_fronts(sessions: Sequence[RegionSession], say: Say) -> dict[str, tuple[s
 def show_objects(session: RegionSession, say: Say) -> None:
     """What ``kubectl get rd,psnap`` shows in one region: targets, steps, READY 2/2."""
     say(f"$ kubectl --context {session.region.context} -n {session.namespace} get rd,psnap")
-    say(session.kubectl("-n", session.namespace, "get", "rd,psnap").rstrip())
+    lines = session.kubectl("-n", session.namespace, "get", "rd,psnap").rstrip().splitlines()
+    # Thirty-odd snapshots: the header, and the newest few.
+    say("\n".join(lines if len(lines) <= 12 else [*lines[:4], "…", *lines[-6:]]))
 
 
 def show_ledger(kubeconfig: Path, sessions: Sequence[RegionSession], say: Say) -> str:
@@ -446,8 +560,10 @@ def timings_json(timings: Sequence[RolloutTiming]) -> str:
                 "snapshot": t.snapshot.identity,
                 "kind": t.snapshot.kind.value,
                 "storedBytes": t.snapshot.stored_bytes,
+                "wanBytesByRegion": t.wan_bytes,
                 "secondsByRegion": t.seconds_by_region,
                 "readyReasonByRegion": t.reason_by_region,
+                "servedByRegion": t.answers,
             }
             for t in timings
         ],

@@ -38,6 +38,9 @@ class FleetSpec:
     namespace: str
     replicas: int = 2
     engine: str = "reference"
+    engine_args: tuple[str, ...] = ()
+    """Extra engine arguments, e.g. the reference engine's ``--model-config`` (a size, or a
+    config.json path on this host: locally, pods are this host's processes)."""
     model: str = "hotload-reference"
     served_name: str = "policy"
     transition: str = "ASYNC"
@@ -70,7 +73,11 @@ def regional_deployment(region: Region, spec: FleetSpec) -> dict[str, Any]:
             },
             "spec": {
                 "model": {"name": spec.model, "servedName": spec.served_name},
-                "engine": {"kind": spec.engine, "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+                "engine": {
+                    "kind": spec.engine,
+                    "args": list(spec.engine_args),
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                },
                 "replicas": spec.replicas,
                 "hotLoad": {
                     "bucketUrl": object_storage.bucket_url(region),

@@ -27,7 +27,7 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 from hotload.errors import ConfigError, LocalRegionError
 from hotload.local import addons as addon_parts
 from hotload.local import bootstrap, claims, kubeconfigs, processes
-from hotload.local.components import region_processes
+from hotload.local.components import region_processes, region_tools
 from hotload.local.control_plane import kwok_stages_text
 from hotload.local.locations import state_dir as default_state_dir
 from hotload.local.ports import free_port, wait_ports_free
@@ -196,7 +196,9 @@ def up(
     with locked(directory):
         existing = load(directory)
         if existing is not None:
-            expected = len(region_processes(existing.regions[0], tools))
+            # Count what the running regions were started with (their add-ons, not these).
+            first = existing.regions[0]
+            expected = len(region_processes(first, region_tools(first)))
             if existing.names == chosen and _fully_up(existing, expected):
                 log.info("already up", extra={"state_dir": str(directory), "regions": chosen})
                 return existing

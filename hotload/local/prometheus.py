@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Final
 
+import httpx
 import yaml
 
 from hotload.errors import LocalRegionError
@@ -39,6 +40,24 @@ def url(region: Region) -> str:
     if region.ports.prometheus is None:
         raise LocalRegionError("the region runs no Prometheus", region=region.name)
     return f"http://127.0.0.1:{region.ports.prometheus}"
+
+
+def query(region: Region, promql: str) -> list[dict[str, Any]]:
+    """An instant query against the region's Prometheus: its result vector."""
+    try:
+        response = httpx.get(f"{url(region)}/api/v1/query", params={"query": promql}, timeout=10)
+        response.raise_for_status()
+    except httpx.HTTPError as err:
+        raise LocalRegionError(
+            "the region's Prometheus did not answer", region=region.name, query=promql
+        ) from err
+    body = response.json()
+    if body.get("status") != "success":
+        raise LocalRegionError(
+            "the region's Prometheus refused a query", region=region.name, query=promql
+        )
+    result: list[dict[str, Any]] = body["data"]["result"]
+    return result
 
 
 def rules_text() -> str:

@@ -94,6 +94,8 @@ class PolicyTrainer:
         self.workdir = workdir
         self.storage = storage
         self.name = name
+        self.model_config = size
+        """What the reference engine needs to serve this model (``--model-config``)."""
         self.config = reference_model.build_config(size)
         self.model = reference_model.build_model(self.config, seed=seed)
         self.model.train()

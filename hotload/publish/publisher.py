@@ -16,7 +16,8 @@ time in step order:
    answer keeps its snapshots queued (in order, in the work directory's state) and gets
    them with the next publish or :meth:`Publisher.flush`;
 5. optionally wait until it is Ready in every region; a region that reports the chain
-   broken gets, at once, a Full of the same weights (``PublishResult.fallback``).
+   broken gets, at once, a Full of the same weights (``PublishResult.fallback``; with
+   ``fallback_full=False`` the next publish is that Full instead).
 
 ``max_pending`` publishes may queue behind the running one; beyond that ``publish``
 blocks (the trainer is faster than the links), and that wait counts as blocked time.
@@ -75,6 +76,9 @@ class PublisherSettings:
     """With bucket replication: the one context whose bucket is written."""
     wait: bool = False
     wait_timeout_s: float = 600.0
+    fallback_full: bool = True
+    """With ``wait``: when a region reports the chain broken, publish a Full of the same
+    weights at once. Off: the next publish is a Full (the cadence's ``chain-broken`` rule)."""
     unreachable_after_s: float = 15.0
     encode_threads: int = 4
     upload_concurrency: int = DEFAULT_UPLOAD_CONCURRENCY
@@ -312,7 +316,9 @@ class Publisher:
             regions=regions,
         )
         broken = [c for c, r in regions.items() if r.outcome is RegionOutcome.CHAIN_BROKEN]
-        if broken and kind is SnapshotKind.INCREMENTAL:
+        if broken and not self.settings.fallback_full:
+            self._chain_broken = True  # the next publish is the Full
+        if broken and kind is SnapshotKind.INCREMENTAL and self.settings.fallback_full:
             log.warning(
                 "a region broke the chain: publishing a Full of the same weights",
                 extra={"snapshot": identity, "regions": broken},

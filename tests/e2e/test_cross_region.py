@@ -5,9 +5,10 @@ A real training loop publishes through the publisher (a Full, then deltas) and w
 until every region is Ready; every byte of a snapshot crosses each region's link once; one
 region's apiserver stops for a while (the other two go on, it catches up when back); one
 delta is stored damaged (every region breaks the chain there and the publisher answers
-with a Full of the same step at once); and every completion names the policy that served
-it. Would catch any break between trainer, buckets, replication, operator, sidecars and
-engines across regions.
+with a Full of the same step at once); every completion names the policy that served it;
+and each region's Prometheus ends with a freshness lag of 0 steps. Would catch any break
+between trainer, buckets, replication, operator, sidecars, engines and metrics across
+regions.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import pytest
 from kubernetes import client as k8s
 
 from hotload.api import SnapshotKind
-from hotload.local import LocalRegions, wan
+from hotload.local import LocalRegions, prometheus, wan
 from hotload.local.corruption import corrupting_opener
 from hotload.local.fleets import FleetSpec, apply_fleet, complete
+from hotload.local.region import Region
 from hotload.local.trainer import PolicyTrainer
 from hotload.publish import Publisher, PublisherSettings, RegionOutcome, identity_for
 from hotload.publish.region_client import RegionClient
@@ -129,3 +131,21 @@ def test_one_trainer_three_regions_outage_corruption_and_bytes_over_the_wan(
     assert (fallback.kind, fallback.step, fallback.why) == (SnapshotKind.FULL, 4, "chain-broken")
     assert {r.outcome for r in fallback.regions.values()} == {RegionOutcome.READY}, fallback
     served_everywhere(fallback.identity)
+
+    # Each region's Prometheus scraped its sidecars and the chart's operators, and its
+    # recording rules say every replica is on the target: a lag of 0 steps.
+    for region in regions:
+        labels = f'namespace="{wan_namespace}", deployment="{FLEET}"'
+
+        def settled(region: Region = region, labels: str = labels) -> bool:
+            lag = prometheus.query(region, f"hotload:deployment_lag_steps:max{{{labels}}}")
+            served = prometheus.query(region, f"hotload_served_step{{{labels}}}")
+            operator = prometheus.query(region, f"hotload_operator_replicas{{{labels}}}")
+            return (
+                [float(v["value"][1]) for v in lag] == [0.0]
+                and {v["metric"]["region"] for v in served} == {region.name}
+                and {float(v["value"][1]) for v in served} == {4.0}
+                and bool(operator)
+            )
+
+        assert wait_until(settled, 90, interval_s=2), f"{region.name}: Prometheus never settled"

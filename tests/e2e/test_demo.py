@@ -1,12 +1,14 @@
-"""The README's main job, end to end, on the session's local regions.
+"""The README's main job, end to end, on three regions with their own buckets.
 
 Real control planes with the chart installed by helm, the operator's pods and every
 replica's real `hotload sidecar` and `hotload engine reference` processes run by the pod
-runtime, a file:// bucket, a trainer taking real optimizer steps. It would catch any break
-between the parts: a PolicySnapshot that never turns Ready, a region left behind, a corrupt
-delta that is served or not reported (no ChainValid=False, no Degraded, no Event), replicas
-that drop their last good snapshot, a Full that does not clear the break, a front that does
-not name the policy that answered, and a ledger that does not list every replica.
+runtime, a bucket per region behind a WAN link (replicated from the home region), a trainer
+taking real optimizer steps and publishing through the publisher. It would catch any break
+between the parts: a PolicySnapshot that never turns Ready, a region left behind, bytes
+crossing the WAN more than once per region, a corrupt delta that is served or not reported
+(no ChainValid=False, no Degraded, no Event), replicas that drop their last good snapshot, a
+next step that is not the Full that clears the break, a front that does not name the policy
+that answered, and a ledger that does not list every replica.
 """
 
 from __future__ import annotations
@@ -20,36 +22,48 @@ from tests.fixtures.cluster import SESSION_CHART
 
 pytestmark = pytest.mark.cluster
 
+#: Requests, signatures and replication's own traffic on top of a snapshot's files.
+WAN_OVERHEAD = 48 * 1024
 
-def test_demo_rolls_out_survives_a_corrupt_delta_and_recovers_with_the_next_full(
-    operated_regions: LocalRegions, operated_namespace: str
+
+def test_demo_publishes_to_three_regions_survives_a_corrupt_delta_and_recovers(
+    wan_regions: LocalRegions, wan_namespace: str
 ) -> None:
     lines: list[str] = []
-    names = set(operated_regions.names)
+    names = set(wan_regions.names)
     settings = DemoSettings(
-        regions=len(operated_regions.regions),
+        regions=len(wan_regions.regions),
         replicas=1,
-        deltas=1,
-        namespace=operated_namespace,
-        state_dir=operated_regions.state_dir,
-        index_base=operated_regions.regions[0].index,
-        ready_timeout_s=240,
+        steps=3,
+        corrupt_step=2,
+        namespace=wan_namespace,
+        state_dir=wan_regions.state_dir,
+        index_base=wan_regions.regions[0].index,
+        size="tiny",
+        ready_timeout_s=300,
         chart=SESSION_CHART,
     )
 
     result = run_demo(settings, say=lines.append)
 
-    full, delta = (t.snapshot for t in result.timings)
+    full, delta = (t.snapshot for t in result.timings[:2])
     assert (full.kind, delta.kind) == (SnapshotKind.FULL, SnapshotKind.INCREMENTAL)
     assert delta.previous == full.identity
     assert delta.stored_bytes < full.stored_bytes
     for timing in result.timings:
         assert timing.reason_by_region.keys() == names
         assert set(timing.reason_by_region.values()) <= {"Rolled", "Superseded"}
+        # Once per region over the WAN: the upload into the home region, replication
+        # into the others; never once per replica.
+        crossed = timing.wan_bytes
+        stored = timing.snapshot.stored_bytes
+        assert all(stored <= crossed[n] <= stored + WAN_OVERHEAD for n in names), crossed
+        assert timing.answers == dict.fromkeys(names, timing.snapshot.identity)
 
     broken = result.broken
     assert broken is not None
     assert broken.snapshot.previous == delta.identity and broken.last_good == delta.identity
+    assert broken.corrupted_key.startswith(f"{broken.snapshot.identity}/")
     assert broken.chain_reason_by_region == dict.fromkeys(names, "ChecksumMismatch")
     for region in names:
         assert broken.degraded_reason_by_region[region].startswith("ChecksumMismatch")
@@ -59,6 +73,7 @@ def test_demo_rolls_out_survives_a_corrupt_delta_and_recovers_with_the_next_full
 
     recovery = broken.recovery
     assert recovery is not None and recovery.snapshot.kind is SnapshotKind.FULL
+    assert recovery.snapshot.why == "chain-broken"
     assert recovery.reason_by_region == dict.fromkeys(names, "Rolled")
     for region in names:
         assert broken.degraded_after_recovery[region].startswith("False")

@@ -1,0 +1,362 @@
+"""Freshness across regions: how many steps behind the trainer each completion is.
+
+Everything is real: three local regions (etcd, kube-apiserver, kwok, the pod runtime), each
+with its own bucket (MinIO) behind an emulated WAN link (toxiproxy: rate and latency),
+buckets replicated by MinIO, the chart installed with helm (the operator), a
+RolloutDeployment of reference-engine replicas per region reading its own bucket. A
+trainer takes a real AdamW step of the reference model every ``--interval`` seconds and
+hands the weights to the publisher (Full every 25 steps, deltas between, home bucket
+replicated). Meanwhile a client per region asks its region's Service for completions
+back to back; each completion names the snapshot that served it, so
+
+    lag = (the trainer's newest published step when the request was sent) - (served step)
+
+is measured per completion, and quoted as p50 / p99 / max per region and overall (goal:
+p99 <= 1). The baseline, run in the same process on the same regions: the same loop
+publishing a Full at every step (what a system without deltas ships).
+
+    ~/.cache/hotload/venv/bin/python -m bench.freshness.run [--steps 30] [--interval 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import secrets
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from hotload.errors import HotloadError
+from hotload.local import down
+from hotload.local.fleets import FleetSpec, apply_fleet, complete
+from hotload.local.lifecycle import LocalRegions
+from hotload.local.region import Region, RegionAddons, WanLink
+from hotload.local.trainer import PolicyTrainer
+from hotload.local.world import bring_up
+from hotload.publish import Publisher, PublisherSettings
+
+HERE = Path(__file__).resolve().parent
+REGIONS = ("us-east", "eu-west", "ap-south")
+STEP_PATTERN = re.compile(r"-step-(\d+)(?:-full|-lora)?$")
+#: Between one client's requests: steady sampling without keeping a core busy.
+PAUSE_S = 0.2
+
+
+@dataclass(frozen=True)
+class Sample:
+    run: str
+    region: str
+    sent: float
+    """Seconds since the run's first publish."""
+    newest_step: int
+    served_step: int
+    identity: str
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.newest_step - self.served_step)
+
+
+class NewestStep:
+    """The trainer's newest published step, read by the clients' threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.step = -1
+
+    def set(self, step: int) -> None:
+        with self._lock:
+            self.step = step
+
+    def get(self) -> int:
+        with self._lock:
+            return self.step
+
+
+def _client(
+    region: Region,
+    spec: FleetSpec,
+    newest: NewestStep,
+    origin: float,
+    stop: threading.Event,
+    out: list[Sample],
+    run: str,
+) -> None:
+    while not stop.is_set():
+        step_when_sent = newest.get()
+        sent = time.monotonic()
+        try:
+            answer = complete(region, spec, "The policy", max_tokens=4, timeout_s=30)
+        except HotloadError:
+            time.sleep(0.5)
+            continue
+        match = STEP_PATTERN.search(answer.identity)
+        if match is None or step_when_sent < 0:
+            continue
+        time.sleep(PAUSE_S)
+        out.append(
+            Sample(
+                run,
+                region.name,
+                round(sent - origin, 3),
+                step_when_sent,
+                int(match[1]),
+                answer.identity,
+            )
+        )
+
+
+def _percentile(values: list[int], fraction: float) -> int:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def _summary(samples: list[Sample]) -> dict[str, Any]:
+    lags = [s.lag for s in samples]
+    if not lags:
+        return {"completions": 0}
+    return {
+        "completions": len(lags),
+        "p50": _percentile(lags, 0.50),
+        "p99": _percentile(lags, 0.99),
+        "max": max(lags),
+        "share_at_lag_0": round(sum(1 for lag in lags if lag == 0) / len(lags), 3),
+    }
+
+
+def run_loop(
+    regions: LocalRegions,
+    spec: FleetSpec,
+    trainer: PolicyTrainer,
+    files_from: Path,
+    workdir: Path,
+    *,
+    run: str,
+    steps: int,
+    interval: float,
+    full_every: int,
+    say: Any,
+) -> tuple[list[Sample], list[dict[str, Any]]]:
+    """One measured loop: the first Full rolled out (not measured), then ``steps`` steps."""
+    names = regions.names
+    settings = PublisherSettings(
+        deployment=spec.name,
+        contexts=tuple(names),
+        workdir=workdir,
+        namespace=spec.namespace,
+        kubeconfig=regions.kubeconfig,
+        identity_prefix=f"{run}-{secrets.token_hex(2)}",
+        home=names[0],
+        full_every=full_every,
+        files_from=files_from,
+        wait=False,
+        max_pending=4,
+    )
+    samples: list[Sample] = []
+    published: list[dict[str, Any]] = []
+    newest = NewestStep()
+    stop = threading.Event()
+    with Publisher(settings) as publisher:
+        start_step = trainer.step
+        handle = publisher.publish(trainer.inference_state(), trainer.step, full=True)
+        result = handle.result(timeout=900)
+        say(f"[{run}] first snapshot {result.identity} applied; waiting until served everywhere")
+        _wait_served(regions, spec, result.identity)
+        origin = time.monotonic()
+        newest.set(trainer.step)
+        threads = [
+            threading.Thread(
+                target=_client,
+                args=(region, spec, newest, origin, stop, samples, run),
+                daemon=True,
+            )
+            for region in regions.regions
+        ]
+        for thread in threads:
+            thread.start()
+        handles = []
+        for number in range(1, steps + 1):
+            due = origin + number * interval
+            time.sleep(max(0.0, due - time.monotonic()))
+            trainer.train_step()
+            handle = publisher.publish(trainer.inference_state(), trainer.step)
+            newest.set(trainer.step)
+            handles.append(handle)
+            say(f"[{run}] step {trainer.step - start_step}/{steps} published "
+                f"(blocked {handle.blocked_seconds * 1000:.1f} ms)")  # fmt: skip
+        time.sleep(interval)
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+        for handle in handles:
+            result = handle.result(timeout=600)
+            published.append(
+                {
+                    "identity": result.identity,
+                    "kind": result.kind.value,
+                    "stored_bytes": result.stored_bytes,
+                    "blocked_ms": round(result.blocked_seconds * 1000, 2),
+                    "encode_s": result.encode_seconds,
+                    "outcomes": {c: r.outcome.value for c, r in result.regions.items()},
+                }
+            )
+    return samples, published
+
+
+def _wait_served(
+    regions: LocalRegions, spec: FleetSpec, identity: str, timeout: float = 900
+) -> None:
+    deadline = time.monotonic() + timeout
+    pending = set(regions.names)
+    while pending:
+        for name in sorted(pending):
+            try:
+                if complete(regions.region(name), spec, "x", max_tokens=1).identity == identity:
+                    pending.discard(name)
+            except HotloadError:
+                pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{identity} not served in {sorted(pending)}")
+        time.sleep(1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--interval", type=float, default=10.0)
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--size", default="small", help="reference model size or config.json")
+    parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--wan-rate", type=int, default=20_000, help="KB/s")
+    parser.add_argument("--wan-latency", type=int, default=25, help="ms, one way")
+    parser.add_argument(
+        "--baseline-steps", type=int, default=None, help="Full-every-step steps (default: --steps)"
+    )
+    parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--keep", action="store_true", help="leave the regions up")
+    args = parser.parse_args()
+    command = " ".join(["python -m bench.freshness.run", *sys.argv[1:]])
+    say = print
+
+    state = Path(tempfile.mkdtemp(prefix="hotload-bench-freshness-"))
+    addons = RegionAddons(
+        object_storage=True,
+        wan=WanLink(rate_kb_s=args.wan_rate, latency_ms=args.wan_latency),
+        replication=True,
+    )
+    say(f"bringing up {len(REGIONS)} regions with buckets behind WAN links in {state}")
+    regions = bring_up(REGIONS, addons=addons, state_dir=state, index_base=221)
+    try:
+        import os
+
+        os.environ["AWS_SHARED_CREDENTIALS_FILE"] = str(regions.aws_credentials_file)
+        os.environ["AWS_CONFIG_FILE"] = str(regions.aws_config_file)
+        from kubernetes import client as k8s
+
+        from hotload.local.bootstrap import api_client
+
+        spec = FleetSpec(name="policy", namespace="hl-bench-freshness", replicas=args.replicas)
+        for region in regions.regions:
+            api = api_client(region)
+            try:
+                k8s.CoreV1Api(api).create_namespace({"metadata": {"name": spec.namespace}})  # type: ignore[arg-type]
+            finally:
+                api.close()  # type: ignore[no-untyped-call]
+            apply_fleet(region, spec)
+        trainer = PolicyTrainer(state / "trainer", name="bench", size=args.size, lr=args.lr)
+        files = trainer.model_files(state / "model")
+        params = sum(p.numel() for p in trainer.model.parameters())
+        results: dict[str, Any] = {}
+        for run, full_every, steps in (
+            ("deltas", 25, args.steps),
+            ("full-every-step", 1, args.baseline_steps or args.steps),
+        ):
+            samples, published = run_loop(
+                regions, spec, trainer, files, state / f"publisher-{run}",
+                run=run, steps=steps, interval=args.interval, full_every=full_every, say=say,
+            )  # fmt: skip
+            results[run] = {
+                "overall": _summary(samples),
+                "by_region": {
+                    name: _summary([s for s in samples if s.region == name])
+                    for name in regions.names
+                },
+                "published": published,
+                "samples": [asdict(s) | {"lag": s.lag} for s in samples],
+            }
+            say(f"[{run}] lag in steps: {results[run]['overall']}")
+        _write(args, command, params, results)
+    finally:
+        if not args.keep:
+            down(state)
+
+
+def _write(args: argparse.Namespace, command: str, params: int, results: dict[str, Any]) -> None:
+    meta = {
+        "command": command,
+        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores, "
+        f"Python {platform.python_version()}",
+        "model": f"reference engine, size {args.size}, {params:,} parameters, AdamW lr {args.lr}",
+        "wan": f"{args.wan_rate} KB/s each way, {args.wan_latency} ms one way, per region",
+        "interval_s": args.interval,
+        "replicas_per_region": args.replicas,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps({**meta, "runs": results}, indent=2) + "\n")
+    lines = [
+        "# Freshness benchmark: lag in steps per completion, three regions",
+        "",
+        f"Command: `{command}`  ",
+        f"Date: {meta['date']}  ",
+        f"Machine: {meta['machine']}  ",
+        f"Model: {meta['model']}  ",
+        f"WAN: {meta['wan']}; buckets replicated from the home region (MinIO).  ",
+        f"A step every {args.interval:.0f} s; {args.replicas} reference replica(s) per region; "
+        "a client per region asks for completions back to back.",
+        "",
+        "lag = the trainer's newest published step when the request was sent - the step of the "
+        "snapshot that served it (named by the response). Goal: p99 <= 1.",
+        "",
+        "| run | region | completions | p50 | p99 | max | share at lag 0 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for run, data in results.items():
+        rows = [("all", data["overall"]), *data["by_region"].items()]
+        for region, summary in rows:
+            lines.append(
+                f"| {run} | {region} | {summary.get('completions', 0)} | {summary.get('p50', '-')} "
+                f"| {summary.get('p99', '-')} | {summary.get('max', '-')} "
+                f"| {summary.get('share_at_lag_0', '-')} |"
+            )
+    deltas = results.get("deltas", {}).get("published", [])
+    if deltas:
+        blocked = sorted(p["blocked_ms"] for p in deltas)
+        stored = sorted(p["stored_bytes"] for p in deltas if p["kind"] == "Incremental")
+        lines += [
+            "",
+            f"Training step blocked by a publish (host copy of the weights): median "
+            f"{blocked[len(blocked) // 2]:.1f} ms, max {blocked[-1]:.1f} ms.  ",
+            f"Delta size: median {stored[len(stored) // 2]:,} bytes." if stored else "",
+        ]
+    lines += [
+        "",
+        "Baseline (same regions, same process): `full-every-step` publishes a Full at every "
+        "step, as a system without deltas would.",
+        "",
+        "The machine is shared (2 cores, other work running): read the numbers as an order of "
+        "magnitude.",
+    ]
+    (args.out / "results.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,283 @@
+"""Bytes over the WAN per snapshot, and time, as the replicas per region grow.
+
+Everything is real: three local regions (etcd, kube-apiserver, kwok, the pod runtime), each
+with its own bucket (MinIO) behind an emulated WAN link (toxiproxy: a rate and a latency,
+counting every byte), buckets replicated by MinIO, the chart installed with helm (the
+operator), and per region a RolloutDeployment of ``noop``-engine replicas (the runtime's
+shared mode: real sidecars that fetch and verify every file, an engine that accepts at
+once). A trainer takes real AdamW steps of the reference model; the publisher writes the
+home bucket and applies the PolicySnapshot everywhere, waiting until every replica in every
+region is Ready.
+
+Two designs, each at 3, 30 and 300 replicas per region:
+
+- ``regional``: hotload's. Each region's replicas read their own region's bucket; the
+  snapshot crosses each region's link once (the trainer's upload into the home region,
+  MinIO's replication into the others).
+- ``naive``: the baseline, every replica pulls from the trainer's bucket across the WAN
+  (its RolloutDeployment names the home bucket at the home region's WAN endpoint).
+
+Per delta: bytes over every link (toxiproxy's counters), the snapshot's stored bytes, the
+ratio bytes/(stored x regions), publish -> every replica Ready per region, and the link's
+floor (stored bytes / rate + one-way latency) for comparison.
+
+    ~/.cache/hotload/venv/bin/python -m bench.transfer.run [--replicas 3,30,300] [--deltas 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import secrets
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client as k8s
+
+from hotload.local import down, object_storage, wan
+from hotload.local.bootstrap import api_client
+from hotload.local.fleets import FleetSpec, apply_fleet, regional_deployment
+from hotload.local.lifecycle import LocalRegions
+from hotload.local.region import RegionAddons, WanLink
+from hotload.local.trainer import PolicyTrainer
+from hotload.local.world import bring_up
+from hotload.publish import PUBLISH_ENDPOINT_ANNOTATION, Publisher, PublisherSettings
+
+HERE = Path(__file__).resolve().parent
+REGIONS = ("us-east", "eu-west", "ap-south")
+NAIVE_BUCKET = "naive"
+
+
+def _namespace(regions: LocalRegions, name: str) -> None:
+    for region in regions.regions:
+        api = api_client(region)
+        try:
+            k8s.CoreV1Api(api).create_namespace({"metadata": {"name": name}})  # type: ignore[arg-type]
+        finally:
+            api.close()  # type: ignore[no-untyped-call]
+
+
+def _naive_deployment(regions: LocalRegions, spec: FleetSpec) -> None:
+    """Every region's replicas read the home bucket, across the home region's WAN link."""
+    home = regions.regions[0]
+    client = object_storage.s3_client(home)
+    existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
+    if NAIVE_BUCKET not in existing:
+        client.create_bucket(Bucket=NAIVE_BUCKET)
+    for region in regions.regions:
+        apply_fleet(region, spec)  # the Secret (home credentials are patched below)
+        body = regional_deployment(region, spec)
+        body["spec"]["hotLoad"]["bucketUrl"] = f"s3://{NAIVE_BUCKET}/snapshots"
+        body["spec"]["hotLoad"]["endpoint"] = wan.endpoint(home)
+        body["metadata"]["annotations"][PUBLISH_ENDPOINT_ANNOTATION] = wan.endpoint(home)
+        creds = object_storage.credentials(home)
+        api = api_client(region)
+        try:
+            k8s.CoreV1Api(api).patch_namespaced_secret(
+                f"{spec.name}-bucket", spec.namespace,
+                {"stringData": {"AWS_ACCESS_KEY_ID": creds.access_key_id,
+                                "AWS_SECRET_ACCESS_KEY": creds.secret_access_key}},
+            )  # fmt: skip
+            k8s.CustomObjectsApi(api).patch_namespaced_custom_object(
+                "hotload.dev", "v1alpha1", spec.namespace, "rolloutdeployments", spec.name,
+                body, field_manager="hotload-local", force=True,
+                _content_type="application/apply-patch+yaml",
+            )  # fmt: skip
+        finally:
+            api.close()  # type: ignore[no-untyped-call]
+
+
+def _links(regions: LocalRegions) -> dict[str, wan.WanBytes]:
+    return {region.name: wan.bytes_over(region) for region in regions.regions}
+
+
+def run_design(
+    regions: LocalRegions,
+    trainer: PolicyTrainer,
+    files: Path,
+    work: Path,
+    *,
+    design: str,
+    replicas: int,
+    deltas: int,
+    rate_kb_s: int,
+    latency_ms: int,
+    say: Any,
+) -> dict[str, Any]:
+    namespace = f"hl-transfer-{design}-{replicas}-{secrets.token_hex(2)}"
+    _namespace(regions, namespace)
+    spec = FleetSpec(name="policy", namespace=namespace, replicas=replicas, engine="noop")
+    if design == "naive":
+        _naive_deployment(regions, spec)
+    else:
+        for region in regions.regions:
+            apply_fleet(region, spec)
+    settings = PublisherSettings(
+        deployment=spec.name,
+        contexts=tuple(regions.names),
+        workdir=work / namespace,
+        namespace=namespace,
+        kubeconfig=regions.kubeconfig,
+        identity_prefix=f"t{replicas}",
+        home=regions.names[0],
+        wait=True,
+        wait_timeout_s=1800,
+        files_from=files,
+    )
+    rows = []
+    with Publisher(settings) as publisher:
+        say(f"[{design} x{replicas}] Full (replicas starting)")
+        publisher.publish(trainer.inference_state(), trainer.step, full=True).result()
+        for _ in range(deltas):
+            trainer.train_step()
+            before = _links(regions)
+            result = publisher.publish(trainer.inference_state(), trainer.step).result()
+            after = _links(regions)
+            links = {
+                name: {
+                    "inbound": after[name].inbound - before[name].inbound,
+                    "outbound": after[name].outbound - before[name].outbound,
+                }
+                for name in regions.names
+            }
+            # Bytes that crossed a link in either direction: uploads and replication come
+            # in, naive pulls go out of the home region.
+            crossed = sum(v["inbound"] + v["outbound"] for v in links.values())
+            ready = {c: r.ready_seconds for c, r in result.regions.items()}
+            rows.append(
+                {
+                    "snapshot": result.identity,
+                    "stored_bytes": result.stored_bytes,
+                    "wan_bytes": crossed,
+                    "wan_per_region_copy": round(crossed / (result.stored_bytes * len(links)), 2),
+                    "links": links,
+                    "ready_seconds": ready,
+                    "outcomes": {c: r.outcome.value for c, r in result.regions.items()},
+                    "floor_seconds": round(
+                        result.stored_bytes / (rate_kb_s * 1000) + latency_ms / 1000, 3
+                    )
+                    if rate_kb_s
+                    else None,
+                }
+            )
+            slowest = max(v or 0 for v in ready.values())
+            say(
+                f"[{design} x{replicas}] {result.identity}: {result.stored_bytes:,} B stored, "
+                f"{crossed:,} B over the WAN, Ready in {slowest:.1f} s"
+            )
+    return {"design": design, "replicas_per_region": replicas, "deltas": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--replicas", default="3,30,300", help="replicas per region, comma list")
+    parser.add_argument("--deltas", type=int, default=3)
+    parser.add_argument("--size", default="small")
+    parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--wan-rate", type=int, default=10_000, help="KB/s each way")
+    parser.add_argument("--wan-latency", type=int, default=25, help="ms one way")
+    parser.add_argument("--designs", default="regional,naive")
+    parser.add_argument("--out", type=Path, default=HERE)
+    args = parser.parse_args()
+    command = " ".join(["python -m bench.transfer.run", *sys.argv[1:]])
+    counts = [int(n) for n in args.replicas.split(",")]
+    say = print
+    state = Path(tempfile.mkdtemp(prefix="hotload-bench-transfer-"))
+    addons = RegionAddons(
+        object_storage=True,
+        wan=WanLink(rate_kb_s=args.wan_rate, latency_ms=args.wan_latency),
+        replication=True,
+    )
+    gpus = max(counts) // 2 + 8
+    say(f"bringing up {len(REGIONS)} regions ({gpus} GPUs per node x 2) in {state}")
+    regions = bring_up(REGIONS, addons=addons, state_dir=state, index_base=231, gpus_per_node=gpus)
+    os.environ["AWS_SHARED_CREDENTIALS_FILE"] = str(regions.aws_credentials_file)
+    os.environ["AWS_CONFIG_FILE"] = str(regions.aws_config_file)
+    try:
+        trainer = PolicyTrainer(state / "trainer", name="bench", size=args.size, lr=args.lr)
+        files = trainer.model_files(state / "model")
+        params = sum(p.numel() for p in trainer.model.parameters())
+        runs = []
+        for replicas in counts:
+            for design in args.designs.split(","):
+                runs.append(
+                    run_design(
+                        regions,
+                        trainer,
+                        files,
+                        state / "work",
+                        design=design,
+                        replicas=replicas,
+                        deltas=args.deltas,
+                        rate_kb_s=args.wan_rate,
+                        latency_ms=args.wan_latency,
+                        say=say,
+                    )
+                )
+        _write(args, command, params, runs)
+    finally:
+        down(state)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else float("nan")
+
+
+def _write(args: argparse.Namespace, command: str, params: int, runs: list[dict[str, Any]]) -> None:
+    meta = {
+        "command": command,
+        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}",
+        "model": f"reference engine, size {args.size}, {params:,} parameters, AdamW lr {args.lr}",
+        "wan": f"{args.wan_rate} KB/s each way, {args.wan_latency} ms one way, per region link",
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps({**meta, "runs": runs}, indent=2) + "\n")
+    lines = [
+        "# Transfer benchmark: bytes over the WAN per snapshot, three regions",
+        "",
+        f"Command: `{command}`  ",
+        f"Date: {meta['date']}  ",
+        f"Machine: {meta['machine']}  ",
+        f"Model: {meta['model']}  ",
+        f"WAN: {meta['wan']}; `noop`-engine replicas (real sidecars, shared runtime mode).",
+        "",
+        "`regional` (hotload): each region's replicas read their own bucket; the home bucket "
+        "replicates to the others. `naive` (baseline, same process): every replica pulls from "
+        "the trainer's bucket across the WAN. Medians over the deltas.",
+        "",
+        "| design | replicas/region | delta stored B | WAN B per snapshot | WAN / (delta x 3) "
+        "| publish -> all Ready s (slowest region) | link floor s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        rows = run["deltas"]
+        stored = _median([r["stored_bytes"] for r in rows])
+        crossed = _median([r["wan_bytes"] for r in rows])
+        ready = _median([max(v or 0 for v in r["ready_seconds"].values()) for r in rows])
+        floor = _median([r["floor_seconds"] or 0 for r in rows])
+        lines.append(
+            f"| {run['design']} | {run['replicas_per_region']} | {stored:,.0f} | {crossed:,.0f} "
+            f"| {crossed / (stored * 3):.2f} | {ready:.1f} | {floor:.3f} |"
+        )
+    lines += [
+        "",
+        "WAN bytes count both directions of every region's link (toxiproxy's counters, HTTP "
+        "and replication overhead included). The link floor is one copy of the delta at the "
+        "link's rate plus its latency.",
+        "",
+        "The machine is shared (2 cores, other work running): read times as an order of "
+        "magnitude; byte counts are exact.",
+    ]
+    (args.out / "results.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
