@@ -82,7 +82,10 @@ def reference(
         torch.set_num_threads(threads)
     config = rm.build_config(model_config, dtype=storage_dtype)
     runtime = ReferenceRuntime(
-        config, compute_dtype=rm.dtype_named(dtype), seed=seed, cache_capacity=cache_capacity
+        config,
+        compute_dtype=rm.dtype_named(dtype),
+        seed=seed,
+        cache_capacity=cache_capacity,
     )
     if weights is not None:
         runtime.load_initial(weights, identity or weights.name)

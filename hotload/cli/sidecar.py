@@ -30,6 +30,7 @@ def config_from_env(
     download_concurrency: int,
     download_part_size: int,
     hold_timeout_s: float,
+    sync_drain_timeout_s: float = 60.0,
 ) -> AgentConfig:
     """The agent's config from the pod contract's environment (``ConfigError`` if short)."""
     from hotload.sidecar.config import config_from_pod_env
@@ -41,6 +42,7 @@ def config_from_env(
         download_concurrency=download_concurrency,
         download_part_size=download_part_size,
         hold_timeout_s=hold_timeout_s,
+        sync_drain_timeout_s=sync_drain_timeout_s,
     )
 
 
@@ -98,6 +100,12 @@ def sidecar(
     hold_timeout: float = typer.Option(
         120.0, "--hold-timeout", min=0.1, help="ASYNC: seconds a new request may wait for a swap."
     ),
+    sync_drain_timeout: float = typer.Option(
+        60.0,
+        "--sync-drain-timeout",
+        min=0.0,
+        help="SYNC: the longest a swap waits for in-flight requests before swapping anyway.",
+    ),
 ) -> None:
     """Run the weight-swap agent of this pod (env from the downward API)."""
     environ = dict(os.environ)
@@ -107,5 +115,6 @@ def sidecar(
         download_concurrency=download_concurrency,
         download_part_size=download_part_size,
         hold_timeout_s=hold_timeout,
+        sync_drain_timeout_s=sync_drain_timeout,
     )
     asyncio.run(_run(environ, config))

@@ -6,12 +6,13 @@ told so the sidecar's reporting and the operator's ledger behave as with a real 
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from hotload.api import EngineKind, KvCachePolicy, SnapshotKind
-from hotload.engines.protocol import PauseMode
+from hotload.engines.protocol import EngineReport, PauseMode
 
 
 class NoopEngine:
@@ -19,6 +20,7 @@ class NoopEngine:
 
     def __init__(self) -> None:
         self._identity: str | None = None
+        self._instance = uuid.uuid4().hex
         self._paused = False
         self.loads: list[tuple[Path, str, SnapshotKind]] = []
         """Every load it accepted, oldest first (tests and the scale benchmark read it)."""
@@ -32,6 +34,10 @@ class NoopEngine:
         return None
 
     @property
+    def rollback_trusted(self) -> bool:
+        return True
+
+    @property
     def paused(self) -> bool:
         return self._paused
 
@@ -43,6 +49,9 @@ class NoopEngine:
 
     async def served_identity(self) -> str | None:
         return self._identity
+
+    async def report(self, *, digest: bool = False) -> EngineReport:
+        return EngineReport(self._identity, self._instance, None)
 
     async def load_weights(self, path: Path, identity: str, *, kind: SnapshotKind) -> None:
         self.loads.append((path, identity, kind))

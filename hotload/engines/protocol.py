@@ -12,14 +12,20 @@ swap is::
            await engine.load_weights(path, identity, kind=kind)
            await engine.reset_cache(policy)
 
-Errors are ours: ``EngineRejected`` (the engine refused these weights; it keeps serving
-the old ones; this replica is Failed, not the chain), ``EngineBusy`` (retry shortly),
-``EngineUnavailable`` (it does not answer).
+Errors are ours: ``EngineRejected`` (the engine refused these weights; whether it keeps
+serving the old ones is what ``rollback_trusted`` says; this replica is Failed, not the
+chain), ``EngineBusy`` (retry shortly; it did not start the load), ``EngineUnavailable``
+(it does not answer).
+
+The engine is the source of truth for what a replica serves: :meth:`Engine.report`
+answers with an :class:`EngineReport`, which the sidecar asks for on every reconcile and
+at least every 5 s, and reports on the pod only what it says.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -35,6 +41,24 @@ class PauseMode(StrEnum):
     (ASYNC: one response may span two policies, nobody re-prefills). New requests wait."""
     WAIT = "wait"
     """Let them finish on the old weights; new requests wait (an engine-side drain)."""
+
+
+@dataclass(frozen=True)
+class EngineReport:
+    """What an engine says it serves, in its own words."""
+
+    identity: str | None
+    """The identity of the weights it serves; None while it serves weights it was not
+    handed by a sidecar (its launch weights: the reference engine's ``init``, SGLang's and
+    vLLM's ``default``)."""
+    instance_id: str | None
+    """Changes whenever the engine process restarts (None: the engine has no such id;
+    a restart then shows as its identity returning to the launch value)."""
+    digest: str | None
+    """The served weights' tensor-set digest — ``hotload.snapshot.manifest_digest`` of
+    the snapshot they came from: xxh3-128 over ``name NUL xxh3-128(tensor bytes) LF``
+    sorted by name, tensors as the snapshot stores them — or None when not asked for or
+    not offered. Only a digest comparable to the manifest's is reported here."""
 
 
 @runtime_checkable
@@ -59,8 +83,17 @@ class Engine(Protocol):
         """True when the engine answers its health check now (never raises)."""
         ...
 
-    async def served_identity(self) -> str | None:
-        """The snapshot identity the engine says it serves (None before any load)."""
+    @property
+    def rollback_trusted(self) -> bool:
+        """Whether a failed or refused load leaves the old weights serving (the reference
+        engine validates everything before it swaps). False: after a failed load the
+        weights are unknown and the sidecar reloads the served snapshot."""
+        ...
+
+    async def report(self, *, digest: bool = False) -> EngineReport:
+        """What the engine serves now, from the engine itself. ``digest``: also the
+        served weights' digest where the engine can compute it (after a swap; periodic
+        checks leave it off). ``EngineUnavailable`` when it does not answer."""
         ...
 
     async def load_weights(self, path: Path, identity: str, *, kind: SnapshotKind) -> None:
@@ -94,7 +127,8 @@ class Engine(Protocol):
 
     def identities_of(self, payload: Mapping[str, Any]) -> list[str]:
         """Identities that produced a response or a streamed chunk, oldest first; empty
-        when the engine did not say (the front then uses :meth:`served_identity`)."""
+        when the engine did not say (the front then uses the identity its last report
+        named)."""
         ...
 
     async def aclose(self) -> None:

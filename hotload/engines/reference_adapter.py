@@ -19,7 +19,7 @@ from hotload.api import EngineKind, KvCachePolicy, SnapshotKind
 from hotload.engines.admin_http import json_object, response_detail
 from hotload.engines.http_adapter import HttpEngine
 from hotload.engines.identity_fields import reference_identities
-from hotload.engines.protocol import PauseMode
+from hotload.engines.protocol import EngineReport, PauseMode
 from hotload.errors import (
     DeltaNotApplicable,
     EngineBusy,
@@ -49,11 +49,32 @@ class ReferenceEngine(HttpEngine):
     def kind(self) -> EngineKind:
         return EngineKind.REFERENCE
 
+    @property
+    def rollback_trusted(self) -> bool:
+        """It reads and validates everything before a served weight changes."""
+        return True
+
     async def served_identity(self) -> str | None:
-        response = await self._http.request("GET", "/admin/identity")
+        return (await self.report()).identity
+
+    async def report(self, *, digest: bool = False) -> EngineReport:
+        """``GET /admin/identity`` (``?digest=true`` adds the weights' tensor-set digest).
+        Its launch weights (``init``, never loaded by a sidecar) report no identity."""
+        params = {"digest": "true"} if digest else None
+        response = await self._http.request("GET", "/admin/identity", params=params)
         self._raise_for(response, "identity")
-        identity = json_object(response).get("identity")
-        return identity if isinstance(identity, str) else None
+        body = json_object(response)
+        identity, instance, value = (
+            body.get("identity"),
+            body.get("instance_id"),
+            body.get("digest"),
+        )
+        loaded = body.get("loaded", True) is not False
+        return EngineReport(
+            identity if isinstance(identity, str) and loaded else None,
+            instance if isinstance(instance, str) else None,
+            value if isinstance(value, str) else None,
+        )
 
     async def load_weights(self, path: Path, identity: str, *, kind: SnapshotKind) -> None:
         response = await self._http.request(

@@ -38,7 +38,7 @@ from hotload.engines.engine_checksum import ChecksumLedger
 from hotload.engines.http_adapter import HttpEngine
 from hotload.engines.identity_fields import weight_versions
 from hotload.engines.lora_slot import LoraSlot
-from hotload.engines.protocol import PauseMode
+from hotload.engines.protocol import EngineReport, PauseMode
 from hotload.errors import EngineBusy, EngineRejected, EngineUnavailable
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,12 @@ class SGLangEngine(HttpEngine):
     def rollback_trusted(self) -> bool:
         """False: a failed update leaves the weights part new, part old (see module doc)."""
         return False
+
+    async def report(self, *, digest: bool = False) -> EngineReport:
+        """The weight version it serves (None for its launch value). No instance id: a
+        restart shows as the version returning to its launch value. No digest: SGLang's
+        checksums are of its own fused parameters, not the snapshot's tensors."""
+        return EngineReport(await self.served_identity(), None, None)
 
     @property
     def active_lora(self) -> str | None:

@@ -39,7 +39,7 @@ from hotload.engines.engine_checksum import ChecksumLedger, checksums_digest
 from hotload.engines.http_adapter import HttpEngine
 from hotload.engines.identity_fields import weight_versions
 from hotload.engines.lora_slot import LoraSlot
-from hotload.engines.protocol import PauseMode
+from hotload.engines.protocol import EngineReport, PauseMode
 from hotload.errors import EngineBusy, EngineRejected, EngineUnavailable
 from hotload.waiting import wait_until_async
 
@@ -89,6 +89,16 @@ class VLLMEngine(HttpEngine):
     def rollback_trusted(self) -> bool:
         """False: ``reload_weights`` has no rollback (see the module doc)."""
         return False
+
+    async def report(self, *, digest: bool = False) -> EngineReport:
+        """The weight version it serves (None for its launch value) and its instance id.
+        No digest: vLLM's checksums are of its own parameters, not the snapshot's."""
+        identity = await self.served_identity()
+        try:
+            instance = await self.instance_id()
+        except EngineRejected:
+            instance = None  # /server_info needs dev mode; the identity still tells
+        return EngineReport(identity, instance, None)
 
     @property
     def active_lora(self) -> str | None:

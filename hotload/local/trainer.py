@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -106,6 +107,7 @@ class PolicyTrainer:
         self.step = 0
         self.last_loss = float("nan")
         self.published: list[PublishedSnapshot] = []
+        self._extra_files: dict[str, bytes] = {}
 
     def train_step(self) -> float:
         """One AdamW step of next-token loss on random windows of the corpus."""
@@ -151,22 +153,34 @@ class PolicyTrainer:
     def identity_for(self, step: int, kind: SnapshotKind) -> str:
         return f"{self.name}-step-{step}"
 
-    async def publish_full(self) -> PublishedSnapshot:
-        return await self.publish(full=True)
+    async def publish_full(
+        self, *, extra_files: Mapping[str, bytes] | None = None
+    ) -> PublishedSnapshot:
+        """Publish a Full; ``extra_files`` (relative path → bytes) travel in the snapshot
+        beside the weights, as a tokenizer or notes would."""
+        return await self.publish(full=True, extra_files=extra_files)
 
     async def publish_delta(self) -> PublishedSnapshot:
         if not self.published:
             raise ValueError("a delta needs a snapshot before it")
         return await self.publish(full=False)
 
-    async def publish(self, *, full: bool) -> PublishedSnapshot:
-        """Publish the current weights: a Full, or a delta against the last published."""
+    async def publish(
+        self, *, full: bool, extra_files: Mapping[str, bytes] | None = None
+    ) -> PublishedSnapshot:
+        """Publish the current weights: a Full, or a delta against the last published
+        (carrying the files the snapshot before it carried)."""
         previous = None if full or not self.published else self.published[-1]
         kind = SnapshotKind.INCREMENTAL if previous else SnapshotKind.FULL
         identity = self.identity_for(self.step, kind)
         weights = self.workdir / "weights" / identity
         encoded = self.workdir / "encoded" / identity
         await asyncio.to_thread(reference_model.save_snapshot, self.model, weights)
+        extra = dict(extra_files) if extra_files is not None else dict(self._extra_files)
+        for relpath, data in extra.items():
+            (weights / relpath).parent.mkdir(parents=True, exist_ok=True)
+            (weights / relpath).write_bytes(data)
+        self._extra_files = extra
         result = await asyncio.to_thread(
             encode,
             previous.weights if previous else None,

@@ -1,4 +1,4 @@
-"""The weight-swap agent: watch the target, fetch, verify, rebuild, swap, report.
+"""The weight-swap agent: observe, let the planner decide, execute, report.
 
 One class, built from one frozen :class:`AgentConfig` plus what is passed in (the
 Kubernetes API client, a prometheus ``CollectorRegistry``, the engine or a factory that
@@ -6,14 +6,24 @@ builds it from the deployment's ``spec.engine``). It runs until cancelled. Every
 per instance (no module globals, no default registry), so the pod runtime can run many
 agents as asyncio tasks in one process.
 
-The loop (DESIGN.md, Flow steps 3-5): the deployment watch hands over every new state;
-when the target differs from what the engine serves, a load starts (plan, fetch, verify,
-rebuild into staging — beside live serving), then the swap (the only step that touches
-traffic), then the KV-cache policy, then staging is cleaned. A newer target preempts a
-load that has not reached its swap. Transient failures (``NotFound``,
-``StorageUnavailable``, ``EngineBusy``, ``EngineUnavailable``) are retried with backoff
-and jitter while the state stays Loading; any other failure marks the target Failed with
-its reason and the replica keeps serving its last good snapshot until the target moves.
+The agent decides nothing itself: every choice is a pure function of
+:mod:`hotload.sidecar.planning`. The loop wakes on a new deployment state, on a finished
+job, at a retry's time, and at least every ``engine_check_interval_s``; each time it
+
+1. asks the engine what it serves (:meth:`Engine.report`) and lets
+   :func:`~hotload.sidecar.planning.judge_engine` say what that means (a restart drops
+   the pod's snapshot at once: ``SnapshotReady=False/NotLoaded``, no ``snapshot``
+   annotation, until the served buffer is reloaded);
+2. lets :func:`~hotload.sidecar.planning.next_step` pick the one thing to do, and runs it
+   as a job (build into the free buffer and hand it over, hand over an already built
+   one, reload, settle a load of unknown outcome), or preempts the job in flight when
+   :func:`~hotload.sidecar.planning.should_preempt` says so — cancelling it stops its
+   threads at their next chunk and returns only when staging is free again (one owner);
+3. publishes the report on its Pod (the writer repairs whatever differs, level-triggered).
+
+A failed job goes through :func:`~hotload.sidecar.planning.after_failure`: retry with
+backoff, replay from the Full fetched again, or Failed with a reason of
+:mod:`hotload.api.reasons` and the snapshot at fault.
 """
 
 from __future__ import annotations
@@ -21,8 +31,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -37,20 +49,53 @@ from hotload.api import (
     SnapshotRef,
     Transition,
 )
-from hotload.api.pod import ANNOTATION_SNAPSHOT, ANNOTATION_VIA
-from hotload.engines.protocol import Engine, PauseMode
+from hotload.api.pod import ANNOTATION_SINCE, ANNOTATION_SNAPSHOT, ANNOTATION_VIA
+from hotload.api.reasons import INTERNAL_ERROR
+from hotload.cancellation import CancelToken, run_cancellable, run_in_thread
+from hotload.engines.protocol import Engine, EngineReport
 from hotload.errors import HotloadError, NotFound
-from hotload.retry import Backoff
 from hotload.sidecar.config import AgentConfig
 from hotload.sidecar.deployment_watch import DeploymentView, DeploymentWatcher
+from hotload.sidecar.handover import Handover, HandoverFailed
 from hotload.sidecar.http_server import serve_front
-from hotload.sidecar.loader import LoadTimings, SnapshotLoader, StagedSnapshot
+from hotload.sidecar.loader import BuildFailed, LoadTimings, SnapshotLoader, snapshot_at_fault
 from hotload.sidecar.metrics import AgentMetrics
+from hotload.sidecar.planning import (
+    Action,
+    Attempts,
+    Buffers,
+    Failure,
+    FailureDecision,
+    Hold,
+    Job,
+    Serving,
+    Slot,
+    Staged,
+    Step,
+    StepKind,
+    Verdict,
+    after_failure,
+    choose_build,
+    judge_engine,
+    next_step,
+    replica_state,
+    same_snapshot,
+    should_preempt,
+)
 from hotload.sidecar.pod_report import PodAnnotations, readiness_gate
 from hotload.sidecar.pod_writer import ObservedPod, PodWriter
 from hotload.sidecar.staging import StagingArea
-from hotload.sidecar.status import AgentStatus, ErrorRecord, Phase, StatusReport, SwapRecord
+from hotload.sidecar.status import (
+    AgentStatus,
+    BuffersReport,
+    EngineSeen,
+    ErrorRecord,
+    Phase,
+    StatusReport,
+    SwapRecord,
+)
 from hotload.sidecar.swap_gate import SwapGate
+from hotload.snapshot import manifest_digest
 from hotload.storage import Storage, open_storage
 
 if TYPE_CHECKING:
@@ -63,15 +108,58 @@ log = logging.getLogger(__name__)
 #: Builds the engine adapter once the deployment says which engine the pod runs.
 EngineFactory = Callable[["EngineSpec"], Engine]
 
-#: How long one attempt waits for the engine to answer before it counts as unavailable.
-ENGINE_READY_TIMEOUT_S = 10.0
-#: Reason written when something that is not a hotload error ended a load (a bug).
-INTERNAL_REASON = "InternalError"
-
 
 def _storage_settings(deployment: RolloutDeployment) -> tuple[str, str | None, str | None]:
     hot_load = deployment.spec.hot_load
     return hot_load.bucket_url, hot_load.endpoint, hot_load.region
+
+
+def _same_target(a: SnapshotRef | None, b: SnapshotRef | None) -> bool:
+    return (a is None and b is None) or same_snapshot(a, b)
+
+
+@dataclass
+class _RunningJob:
+    """The one job in flight: what it works on, how far it got, and how to stop it."""
+
+    job: Job
+    target: SnapshotRef | None
+    token: CancelToken
+    task: asyncio.Task[None] | None = None
+    engine_lost: bool = False
+    """The engine lost its weights while this job built (it is then preempted)."""
+    handed: Slot | None = None
+    """The buffer this job handed to the engine (its load's outcome is this job's)."""
+    already_handed: bool = False
+    """That buffer was handed before this job (an earlier load of unknown outcome): a
+    refusal of this job's load says nothing about that one."""
+
+
+@dataclass
+class _Retry:
+    """When the next attempt at ``target`` may start."""
+
+    target: SnapshotRef | None
+    at: float
+
+
+@dataclass
+class _Memory:
+    """What the agent knows between jobs (the planner's inputs)."""
+
+    serving: Serving | None = None
+    buffers: Buffers = field(default_factory=lambda: Buffers({Slot.A: None, Slot.B: None}))
+    hold: Hold | None = None
+    attempts: Attempts = field(default_factory=Attempts)
+    attempts_for: SnapshotRef | None = None
+    fresh: bool = False
+    retry: _Retry | None = None
+    engine_answers: bool = True
+    unusable: set[Slot] = field(default_factory=set)
+    """Handed buffers whose files no longer verify: never loaded, kept untouched until
+    the engine is known to be done with them."""
+    unstaged_checked: set[tuple[str, str | None]] = field(default_factory=set)
+    """(identity, instance) the engine named that no bucket manifest confirmed."""
 
 
 class SidecarAgent:
@@ -106,17 +194,26 @@ class SidecarAgent:
             retry_after_s=config.retry_after_s,
         )
         self.staging = StagingArea(config.staging_dir)
-        self.writer = PodWriter(api, config.namespace, config.pod_name, config.retry)
+        self.writer = PodWriter(
+            api,
+            config.namespace,
+            config.pod_name,
+            config.retry,
+            check_interval_s=config.pod_check_interval_s,
+        )
+        self._memory = _Memory()
         self._deployment: RolloutDeployment | None = None
         self._wake = asyncio.Event()
         self._storage: Storage | None = None
         self._storage_key: tuple[str, str | None, str | None] | None = None
         self._loader: SnapshotLoader | None = None
-        self._recovered = False
-        self._observed: ObservedPod | None = None
-        self._failed_target: str | None = None
+        self._job: _RunningJob | None = None
+        self._engine_epoch = 0
+        self._handing = False
+        self._observed_pod: ObservedPod | None = None
         self._served_name: str | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._rng = random.Random()
         self.ready = asyncio.Event()
         """Set once the agent has observed its pod and (when serving HTTP) listens."""
 
@@ -141,11 +238,21 @@ class SidecarAgent:
         return self._served_name
 
     def served_identity(self) -> str | None:
-        current = self._status.current
-        return current.identity if current else None
+        """What the engine serves, verified, as its last report confirmed (None: nothing
+        verified — the front then labels only with what the engine itself says)."""
+        serving = self._memory.serving
+        return serving.identity if serving else None
 
     def status_report(self) -> StatusReport:
         deployment = self._deployment
+        buffers = self._memory.buffers
+        a, b = buffers.held(Slot.A), buffers.held(Slot.B)
+        self._status.buffers = BuffersReport(
+            a=a.identity if a else None,
+            b=b.identity if b else None,
+            served=buffers.served.value if buffers.served else None,
+            handed=buffers.handed.value if buffers.handed else None,
+        )
         return self._status.report(
             pod=self.config.pod_name,
             namespace=self.config.namespace,
@@ -159,12 +266,14 @@ class SidecarAgent:
     async def run(self) -> None:
         """Watch, load and report until cancelled; serve HTTP when ``serve_http``."""
         await asyncio.to_thread(self.staging.prepare)
-        self._observed = await self._observe_pod()
+        await self._refresh_buffers()
+        self._observed_pod = await self._observe_pod()
+        self._resume_since()
         watcher = DeploymentWatcher(
             self.api,
             self.config.namespace,
             self.config.deployment,
-            self.config.retry,
+            self.config.watch_retry,
             self._on_deployment,
         )
         client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
@@ -180,6 +289,7 @@ class SidecarAgent:
                 else:
                     self.ready.set()
         finally:
+            await self._stop_job()
             await client.aclose()
             await self._close()
 
@@ -194,7 +304,7 @@ class SidecarAgent:
     async def _observe_pod(self) -> ObservedPod | None:
         """Read our Pod once (a restarted sidecar picks up its report); retried while
         transient, given up (None) when the API refuses for good."""
-        backoff = Backoff(self.config.retry)
+        attempt = 0
         while True:
             try:
                 return await self.writer.observe()
@@ -202,22 +312,35 @@ class SidecarAgent:
                 if not err.transient:
                     log.error("cannot read own pod", extra={**self._context(), "error": str(err)})
                     return None
-                await backoff.wait()
+                await asyncio.sleep(self._delay(attempt))
+                attempt += 1
+
+    def _resume_since(self) -> None:
+        """Keep the Pod's ``since`` across a sidecar restart when the state is unchanged."""
+        observed = self._observed_pod
+        if observed is None:
+            return
+        since = observed.annotations.get(ANNOTATION_SINCE)
+        if since:
+            with contextlib.suppress(ValueError):
+                self._status.since = datetime.fromisoformat(since.replace("Z", "+00:00"))
 
     def _context(self) -> dict[str, str]:
         return {"pod": self.config.pod_name, "namespace": self.config.namespace}
 
+    def _delay(self, attempt: int) -> float:
+        """The backoff delay before retry number ``attempt`` (0-based), with jitter."""
+        return self.config.retry.delay(attempt, self._rng)
+
     def _on_deployment(self, view: DeploymentView) -> None:
-        """From the watch: remember the newest state and wake the reconcile loop."""
+        """From the watch: remember the newest state and wake the loop."""
         self._deployment = view.deployment
         deployment = view.deployment
-        target = None
         if deployment is not None:
             self._served_name = deployment.spec.model.served_name
-            if deployment.status is not None:
-                target = deployment.status.target_snapshot
-        if target is not None:
-            self._metrics.target_step.set(target.step)
+            target = deployment.status.target_snapshot if deployment.status else None
+            if target is not None:
+                self._metrics.target_step.set(target.step)
         self._wake.set()
 
     def _target(self) -> SnapshotRef | None:
@@ -226,178 +349,549 @@ class SidecarAgent:
             return None
         return deployment.status.target_snapshot
 
+    # --- the loop ------------------------------------------------------------------------
+
     async def _reconcile(self) -> None:
-        """Follow the target, one load at a time; a newer target preempts a load."""
+        """Observe the engine, decide, execute; on every wake and at least every
+        ``engine_check_interval_s``."""
         while True:
-            await self._wake.wait()
+            await self._sleep()
             self._wake.clear()
-            target = self._target()
-            self._status.target = target
+            self._status.target = self._target()
             if self._deployment is not None and self._engine is None:
                 self._engine_for_probes(self._deployment)
-            if self._deployment is None or target is None:
-                self._set_phase(Phase.WAITING)
-                self._report()
-                continue
-            if target.identity == self._failed_target:
-                self._report()
-                continue
-            current = self._status.current
-            if self._recovered and current is not None and current.identity == target.identity:
-                self._transition(ReplicaState.READY, Phase.IDLE)
-                continue
-            await self._follow(target)
-            if self._target() != target:
-                self._wake.set()
+            job = self._job
+            if job is not None and job.task is not None and job.task.done():
+                self._job = None
+            await self._observe_engine()
+            await self._decide()
+            self._report()
 
-    async def _follow(self, target: SnapshotRef) -> None:
-        """Run one load of ``target``; cancel it when the target moves before its swap."""
-        work = asyncio.create_task(self._settle_with_retries(target), name="load")
-        try:
-            while not work.done():
-                waker = asyncio.create_task(self._wake.wait())
-                await asyncio.wait({work, waker}, return_when=asyncio.FIRST_COMPLETED)
-                waker.cancel()
-                if not self._wake.is_set() or work.done():
-                    continue
-                self._wake.clear()
-                newer = self._target()
-                if newer == target or self._status.phase is Phase.SWAPPING:
-                    continue
+    async def _sleep(self) -> None:
+        timeout = self.config.engine_check_interval_s
+        retry = self._memory.retry
+        if retry is not None:
+            timeout = min(timeout, max(0.0, retry.at - asyncio.get_running_loop().time()))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._wake.wait()
+
+    async def _decide(self) -> None:
+        memory = self._memory
+        target = self._target()
+        if not _same_target(memory.attempts_for, target):
+            memory.attempts, memory.attempts_for, memory.fresh = Attempts(), target, False
+        job = self._job
+        if job is not None:
+            if should_preempt(job.job, job.target, target, engine_lost=job.engine_lost):
                 log.info(
-                    "target moved; abandoning the load in progress",
-                    extra={**self._context(), "snapshot": target.identity},
-                )
-                work.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await work
-        finally:
-            if not work.done():
-                work.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await work
-
-    async def _settle_with_retries(self, target: SnapshotRef) -> None:
-        """Bring the engine to ``target``: retry transient failures, record the others."""
-        backoff = Backoff(self.config.retry)
-        while True:
-            try:
-                await self._settle(target)
-                return
-            except HotloadError as err:
-                self._metrics.failures.labels(reason=err.reason).inc()
-                self._status.last_error = ErrorRecord(
-                    reason=err.reason,
-                    message=str(err),
-                    transient=err.transient,
-                    target=target.identity,
-                    at=datetime.now(UTC),
-                )
-                if not err.transient:
-                    self._fail(target, err.reason, str(err))
-                    return
-                delay = backoff.next_delay()
-                log.warning(
-                    "load failed transiently; retrying",
+                    "preempting the job in flight",
                     extra={
                         **self._context(),
-                        "snapshot": target.identity,
-                        "reason": err.reason,
-                        "error": str(err),
-                        "retry_in_s": round(delay, 2),
+                        "job": job.job.value,
+                        "working_on": job.target.identity if job.target else None,
+                        "target": target.identity if target else None,
+                        "engine_lost": job.engine_lost,
                     },
                 )
-                self._set_phase(Phase.RETRYING)
-                await asyncio.sleep(delay)
-            except Exception as err:  # a bug or an unmapped failure: recorded, never fatal
-                log.exception(
-                    "load failed unexpectedly",
-                    extra={**self._context(), "snapshot": target.identity},
-                )
-                self._metrics.failures.labels(reason=INTERNAL_REASON).inc()
-                self._status.last_error = ErrorRecord(
-                    reason=INTERNAL_REASON,
-                    message=f"{type(err).__name__}: {err}",
-                    transient=False,
-                    target=target.identity,
-                    at=datetime.now(UTC),
-                )
-                self._fail(target, INTERNAL_REASON, f"{type(err).__name__}: {err}")
+                await self._stop_job()
+            else:
                 return
+        if self._deployment is None:
+            self._status.phase = Phase.WAITING
+            return
+        retry = memory.retry
+        if retry is not None:
+            if _same_target(retry.target, target) and asyncio.get_running_loop().time() < retry.at:
+                self._status.phase = Phase.RETRYING
+                return
+            memory.retry = None
+        step = next_step(
+            target,
+            memory.serving,
+            memory.buffers,
+            memory.hold,
+            engine_answers=memory.engine_answers,
+        )
+        self._execute(step)
 
-    async def _settle(self, target: SnapshotRef) -> None:
-        """One attempt: learn what the engine serves, then load the target unless served."""
+    def _execute(self, step: Step) -> None:
+        kind = step.kind
+        if kind is StepKind.WAIT_ENGINE:
+            self._status.phase = Phase.WAITING
+        elif kind is StepKind.IDLE:
+            self._status.phase = Phase.WAITING if self._memory.serving is None else Phase.IDLE
+        elif kind is StepKind.HOLD:
+            self._status.phase = Phase.FAILED
+        elif kind is StepKind.READY:
+            self._status.phase = Phase.IDLE
+            self._memory.attempts = Attempts()
+        elif kind in (StepKind.SETTLE, StepKind.RELOAD):
+            assert step.slot is not None
+            self._start(Job.RELOAD, self._target(), self._reload(step.slot, kind))
+        elif kind is StepKind.SWAP:
+            assert step.slot is not None and step.target is not None
+            self._start(Job.BUILD, step.target, self._swap_built(step.slot, step.target))
+        elif kind is StepKind.BUILD:
+            assert step.slot is not None and step.target is not None
+            self._start(Job.BUILD, step.target, self._build_and_swap(step.slot, step.target))
+
+    def _start(self, job: Job, target: SnapshotRef | None, body: Awaitable[None]) -> None:
+        running = _RunningJob(job, target, CancelToken())
+        self._job = running
+        running.task = asyncio.get_running_loop().create_task(
+            self._run_job(running, body), name=f"job {job.value}"
+        )
+        running.task.add_done_callback(lambda _: self._wake.set())
+
+    async def _stop_job(self) -> None:
+        """Cancel the job in flight and wait until none of its threads runs."""
+        job = self._job
+        if job is None or job.task is None:
+            return
+        job.token.cancel()
+        job.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await job.task
+        self._job = None
+        await self._refresh_buffers()
+
+    async def _refresh_buffers(self) -> None:
+        """Read both buffers back from staging (a slot marked unusable reads as empty
+        while it is still handed)."""
+        buffers = await asyncio.to_thread(self.staging.buffers)
+        unusable = self._memory.unusable
+        unusable &= {buffers.handed} if buffers.handed is not None else set()
+        contents = {
+            slot: None if slot in unusable else held for slot, held in buffers.contents.items()
+        }
+        self._memory.buffers = replace(buffers, contents=contents)
+
+    # --- the engine's word ---------------------------------------------------------------
+
+    async def _observe_engine(self) -> None:
+        """Ask the engine what it serves and bring what the pod says in line with it."""
+        engine = self._engine
+        if engine is None or self._handing:
+            return
+        epoch = self._engine_epoch
+        report = await self._engine_report(engine, digest=False)
+        memory = self._memory
+        if report is not None and report.identity is not None:
+            serving = memory.serving
+            if serving is None or serving.identity != report.identity:
+                report = await self._engine_report(engine, digest=True)
+        if self._handing or epoch != self._engine_epoch:
+            return  # a handover started or ended meanwhile: this answer is stale
+        self._status.engine_seen = EngineSeen(
+            identity=report.identity if report else None,
+            instance_id=report.instance_id if report else None,
+            answered=report is not None,
+            at=datetime.now(UTC),
+        )
+        judgement = judge_engine(memory.serving, report, memory.buffers)
+        verdict = judgement.verdict
+        memory.engine_answers = verdict is not Verdict.UNREACHABLE
+        if verdict is Verdict.LOST:
+            log.warning(
+                "the engine does not serve what the pod says; reloading",
+                extra={**self._context(), "detail": judgement.detail},
+            )
+            self._lose_serving()
+        elif (verdict is Verdict.LANDED and judgement.slot is not None and report is not None) or (
+            verdict is Verdict.ADOPT and judgement.slot is not None and report is not None
+        ):
+            await self._confirm(judgement.slot, report, self._observed_via(judgement.identity))
+        elif verdict is Verdict.ADOPT_UNSTAGED and report is not None:
+            await self._adopt_unstaged(report)
+        elif verdict is Verdict.EMPTY and memory.serving is not None:
+            self._lose_serving()
+
+    async def _engine_report(self, engine: Engine, *, digest: bool) -> EngineReport | None:
+        try:
+            async with asyncio.timeout(self.config.engine_report_timeout_s):
+                return await engine.report(digest=digest)
+        except (HotloadError, TimeoutError) as err:
+            log.info("the engine did not answer", extra={**self._context(), "error": str(err)})
+            return None
+
+    def _lose_serving(self) -> None:
+        """The engine no longer serves what we loaded: the pod says so at once."""
+        self._memory.serving = None
+        self._metrics.clear_served()
+        job = self._job
+        if job is not None:
+            job.engine_lost = True
+
+    async def _confirm(self, slot: Slot, report: EngineReport, via: LoadPath | None) -> None:
+        """The engine serves the verified rebuild in ``slot``: that buffer is the served one."""
+        buffers = self._memory.buffers
+        staged = buffers.held(slot)
+        if staged is None:
+            return
+        # A buffer handed with its outcome unknown stays handed (the engine may still be
+        # reading it) unless it is the one now confirmed.
+        handed = None if buffers.handed == slot else buffers.handed
+        await run_in_thread(self.staging.set_roles, slot, handed)
+        self._memory.buffers = replace(buffers, served=slot, handed=handed)
+        self._set_serving(staged, via, slot, report.instance_id)
+        log.info(
+            "the engine serves a staged snapshot",
+            extra={**self._context(), "snapshot": staged.identity, "buffer": slot.value},
+        )
+
+    async def _adopt_unstaged(self, report: EngineReport) -> None:
+        """The engine names a snapshot no buffer holds: trust it once its manifest (and
+        the digest, where the engine gives one) confirms it."""
+        identity = report.identity
+        key = (identity or "", report.instance_id)
         deployment = self._deployment
-        if deployment is None:
+        if identity is None or deployment is None or key in self._memory.unstaged_checked:
             return
-        engine = self._ensure_engine(deployment)
+        try:
+            manifest = await self._ensure_loader(deployment).manifest(identity)
+        except HotloadError as err:
+            if isinstance(err, NotFound) or not err.transient:
+                self._memory.unstaged_checked.add(key)
+            log.info(
+                "the engine serves a snapshot this replica cannot confirm",
+                extra={**self._context(), "snapshot": identity, "error": str(err)},
+            )
+            return
+        if report.digest is not None and report.digest != manifest_digest(manifest):
+            self._memory.unstaged_checked.add(key)
+            log.warning(
+                "the engine's weights are not the snapshot it names",
+                extra={**self._context(), "snapshot": identity},
+            )
+            return
+        staged = Staged(identity, manifest.step, manifest.kind, manifest_digest(manifest))
+        self._set_serving(staged, self._observed_via(identity), None, report.instance_id)
+
+    def _observed_via(self, identity: str | None) -> LoadPath | None:
+        observed = self._observed_pod.annotations if self._observed_pod else {}
+        if identity is not None and observed.get(ANNOTATION_SNAPSHOT) == identity:
+            with contextlib.suppress(ValueError):
+                return LoadPath(observed.get(ANNOTATION_VIA, ""))
+        return None
+
+    def _set_serving(
+        self, staged: Staged, via: LoadPath | None, slot: Slot | None, instance: str | None
+    ) -> None:
+        self._memory.serving = Serving(
+            staged.identity, staged.step, staged.kind, via, slot, instance
+        )
+        self._metrics.set_served(staged.identity, staged.step, staged.kind.value)
+
+    # --- jobs ----------------------------------------------------------------------------
+
+    async def _run_job(self, running: _RunningJob, body: Awaitable[None]) -> None:
+        """Run one job; a failure goes through the planner's :func:`after_failure`."""
+        try:
+            await body
+        except asyncio.CancelledError:
+            log.info(
+                "job cancelled",
+                extra={**self._context(), "job": running.job.value},
+            )
+            raise
+        except (BuildFailed, HandoverFailed, HotloadError, Exception) as err:
+            await self._failed(running, err)
+        finally:
+            self._handing = False
+            await self._refresh_buffers()
+
+    async def _build_and_swap(self, into: Slot, target: SnapshotRef) -> None:
+        deployment = self._require_deployment()
         loader = self._ensure_loader(deployment)
-        await engine.wait_ready(ENGINE_READY_TIMEOUT_S)
-        if not self._recovered:
-            await self._recover(engine, loader, target)
-        current = self._status.current
-        if current is not None and current.identity == target.identity:
-            self._status.current = target
-            self._failed_target = None
-            self._transition(ReplicaState.READY, Phase.IDLE)
-            return
-        if self._status.state is not ReplicaState.LOADING:
-            self._transition(ReplicaState.LOADING, Phase.PLANNING)
-        held = current.identity if current and self.staging.has_snapshot(current.identity) else None
+        memory = self._memory
+        self._status.phase = Phase.PLANNING
+        token = self._job_token()
+        if memory.fresh:
+            await self._forget_chain(loader, target)
+        served_slot = memory.buffers.served
+        served = memory.buffers.held(served_slot)
+        free = memory.buffers.held(into)
+        try:
+            options = await loader.options(target, free, served)
+        except HotloadError as err:
+            raise BuildFailed(err, snapshot_at_fault(err, target.identity)) from err
+        choice = choose_build(options, fresh=memory.fresh)
         timings = LoadTimings()
         started = datetime.now(UTC)
-        staged = await loader.stage(held, target, timings)
-        self._set_phase(Phase.SWAPPING)
-        with timings.phase("swap", self._metrics):
-            await self._swap(engine, staged, deployment.spec.hot_load.transition, target)
-        self._served(staged, timings, started)
-        await asyncio.to_thread(self.staging.clean, {target.identity}, set())
+        base = (served_slot, served) if served_slot is not None and served is not None else None
+        built = await loader.build(target, choice, into, base, timings, token)
+        await self._refresh_buffers()
+        await self._hand(into, built.staged, target, built.via, timings, started)
 
-    async def _swap(
-        self, engine: Engine, staged: StagedSnapshot, transition: Transition, target: SnapshotRef
-    ) -> None:
-        """Hand the verified directory to the engine; the only step that touches traffic."""
-        identity = staged.ref.identity
-        kind = staged.manifest.kind
-        async with self._gate.swapping(transition):
-            if transition is Transition.ASYNC:
-                await engine.pause(PauseMode.IN_PLACE)
-                try:
-                    await engine.load_weights(staged.engine_path, identity, kind=kind)
-                    self._status.current = target
-                finally:
-                    await engine.resume()
-            else:
-                await engine.load_weights(staged.engine_path, identity, kind=kind)
-                self._status.current = target
-            await self._apply_cache_policy(engine, target.kv_cache_policy)
-
-    async def _apply_cache_policy(self, engine: Engine, policy: KvCachePolicy) -> None:
-        """The KV-cache policy after a swap; a refusal is recorded, the swap stands."""
+    async def _swap_built(self, slot: Slot, target: SnapshotRef) -> None:
+        """Hand over a target built earlier (its swap was refused busy): re-hashed first,
+        since its files sat in staging meanwhile; a changed file means a fresh build."""
+        staged = self._memory.buffers.held(slot)
+        if staged is None:
+            return
+        self._status.phase = Phase.VERIFYING
         try:
-            await engine.reset_cache(policy)
+            await run_cancellable(self._job_token(), self.staging.verify, slot, staged)
         except HotloadError as err:
-            self._metrics.failures.labels(reason=err.reason).inc()
-            log.warning(
-                "KV-cache policy not applied after the swap",
-                extra={**self._context(), "policy": policy.value, "error": str(err)},
+            await run_in_thread(self.staging.clear_slot, slot)
+            raise BuildFailed(err, staged.identity) from err
+        await self._hand(slot, staged, target, None, LoadTimings(), datetime.now(UTC))
+
+    async def _reload(self, slot: Slot, kind: StepKind) -> None:
+        """Load a staged buffer again: the served one after the engine lost its weights,
+        or the handed one to settle a load of unknown outcome."""
+        staged = self._memory.buffers.held(slot)
+        if staged is None:
+            return
+        self._status.phase = Phase.RELOADING
+        why = "settle a load of unknown outcome" if kind is StepKind.SETTLE else "engine lost it"
+        log.info(
+            "reloading a staged snapshot into the engine",
+            extra={
+                **self._context(),
+                "snapshot": staged.identity,
+                "buffer": slot.value,
+                "why": why,
+            },
+        )
+        try:
+            await run_cancellable(self._job_token(), self.staging.verify, slot, staged)
+        except HotloadError as err:
+            if slot == self._memory.buffers.handed:
+                self._memory.unusable.add(slot)  # the engine may still read it: untouched
+                log.warning(
+                    "a handed buffer no longer verifies; it is not loaded again",
+                    extra={**self._context(), "buffer": slot.value, "error": str(err)},
+                )
+            else:
+                await self._abandon(slot, str(err))
+            await self._refresh_buffers()
+            return
+        await self._hand(slot, staged, None, LoadPath.RELOAD, LoadTimings(), datetime.now(UTC))
+
+    async def _abandon(self, slot: Slot, why: str) -> None:
+        """A buffer that cannot be loaded any more is no reload source (the next load
+        builds from the bucket); a handed one stays untouched until the engine settles."""
+        buffers = await asyncio.to_thread(self.staging.buffers)
+        served = None if buffers.served == slot else buffers.served
+        handed = None if buffers.handed == slot else buffers.handed
+        await run_in_thread(self.staging.set_roles, served, handed)
+        if slot != buffers.handed:
+            await run_in_thread(self.staging.clear_slot, slot)
+        log.warning(
+            "a staged snapshot is no longer usable",
+            extra={**self._context(), "buffer": slot.value, "error": why},
+        )
+
+    async def _hand(
+        self,
+        slot: Slot,
+        staged: Staged,
+        target: SnapshotRef | None,
+        via: LoadPath | None,
+        timings: LoadTimings,
+        started: datetime,
+    ) -> None:
+        """Hand ``slot`` to the engine and record what it now serves."""
+        deployment = self._require_deployment()
+        engine = self._ensure_engine(deployment)
+        running = self._job
+        transition = deployment.spec.hot_load.transition
+        if running is not None and running.job is Job.BUILD:
+            running.job = Job.DRAIN
+            self._status.phase = Phase.DRAINING if transition is Transition.SYNC else Phase.SWAPPING
+
+        already = self._memory.buffers.handed == slot
+
+        def swapping() -> None:
+            if running is not None:
+                running.handed, running.already_handed = slot, already
+                if running.job is Job.DRAIN:
+                    running.job = Job.SWAP
+            self._handing = True
+            self._engine_epoch += 1
+            self._status.phase = Phase.RELOADING if via is LoadPath.RELOAD else Phase.SWAPPING
+
+        await engine.wait_ready(self.config.engine_ready_timeout_s)
+        handover = Handover(
+            engine,
+            self.staging,
+            self._gate,
+            self._metrics,
+            drain_timeout_s=self.config.sync_drain_timeout_s,
+        )
+        with timings.phase("swap", self._metrics):
+            report = await handover.hand(
+                slot,
+                staged,
+                served=self._memory.buffers.served,
+                transition=transition,
+                cache_policy=target.kv_cache_policy if target is not None else None,
+                on_swapping=swapping,
+            )
+        self._engine_epoch += 1
+        self._handing = False
+        memory = self._memory
+        previous = memory.buffers.served
+        memory.buffers = replace(memory.buffers, served=slot, handed=None)
+        if memory.fresh and target is not None and previous not in (None, slot):
+            # A fresh replay healed a local corruption: the buffer served until now was
+            # never re-verified, so it is no base for the next build.
+            await run_in_thread(self.staging.clear_slot, previous)
+            await self._refresh_buffers()
+        final_via = via or LoadPath.DELTA
+        self._set_serving(staged, final_via, slot, report.instance_id)
+        if (
+            target is not None
+            and memory.hold is not None
+            and same_snapshot(memory.hold.target, target)
+        ):
+            memory.hold = None
+        if target is not None:
+            memory.attempts, memory.fresh = Attempts(), False
+        self._metrics.swaps.labels(via=final_via.value).inc()
+        self._record_swap(staged, final_via, timings, started)
+        # The served snapshot's own download stays: the free buffer, one step behind,
+        # is patched through it next time.
+        await run_in_thread(self.staging.clean_fetches, {staged.identity})
+
+    def _job_token(self) -> CancelToken:
+        running = self._job
+        return running.token if running is not None else CancelToken()
+
+    async def _forget_chain(self, loader: SnapshotLoader, target: SnapshotRef) -> None:
+        """Before a fresh replay: read the chain's manifests and files from the bucket
+        again (what staging holds may be what was bad)."""
+        loader.forget_manifests({target.identity})
+        plan = await loader.plan(None, target)
+        chain = set(plan.apply) | {target.identity}
+        loader.forget_manifests(chain)
+        await run_in_thread(self.staging.drop_fetched, chain)
+        log.info(
+            "replaying from the last Full, every file fetched again",
+            extra={**self._context(), "snapshot": target.identity, "chain": sorted(chain)},
+        )
+
+    def _require_deployment(self) -> RolloutDeployment:
+        deployment = self._deployment
+        if deployment is None:
+            raise NotFound("the deployment is gone", deployment=self.config.deployment)
+        return deployment
+
+    # --- failures ------------------------------------------------------------------------
+
+    async def _failed(self, running: _RunningJob, err: BaseException) -> None:
+        memory = self._memory
+        error: BaseException = err
+        snapshot = running.target.identity if running.target else None
+        outcome_known = True
+        if isinstance(err, BuildFailed):
+            error, snapshot = err.error, err.snapshot
+        elif isinstance(err, HandoverFailed):
+            error, outcome_known = err.error, err.outcome_known
+        expected = isinstance(error, HotloadError)
+        reason = error.reason if isinstance(error, HotloadError) else INTERNAL_ERROR
+        message = str(error) if expected else f"{type(error).__name__}: {error}"
+        if not expected:
+            log.error(
+                "job failed unexpectedly",
+                exc_info=error,
+                extra={**self._context(), "job": running.job.value},
+            )
+        engine = self._engine
+        failure = Failure(
+            reason, running.job, expected=expected, fresh=memory.fresh, outcome_known=outcome_known
+        )
+        decision = after_failure(
+            failure,
+            memory.attempts,
+            rollback_trusted=engine.rollback_trusted if engine is not None else True,
+            unexpected_cap=self.config.unexpected_failure_cap,
+        )
+        self._metrics.failures.labels(reason=decision.reason).inc()
+        target = running.target
+        self._status.last_error = ErrorRecord(
+            reason=decision.reason,
+            message=message,
+            transient=decision.action is not Action.FAIL,
+            target=target.identity if target else None,
+            at=datetime.now(UTC),
+        )
+        log.warning(
+            "job failed",
+            extra={
+                **self._context(),
+                "job": running.job.value,
+                "reason": decision.reason,
+                "action": decision.action.value,
+                "error": message,
+                "snapshot": snapshot,
+            },
+        )
+        await self._apply_decision(decision, running, message, snapshot)
+
+    async def _apply_decision(
+        self,
+        decision: FailureDecision,
+        running: _RunningJob,
+        message: str,
+        snapshot: str | None,
+    ) -> None:
+        memory = self._memory
+        if decision.weights_unknown:
+            self._lose_serving()
+        buffers = await asyncio.to_thread(self.staging.buffers)
+        if decision.abandon_buffer and running.handed is not None:
+            await self._abandon(running.handed, message)
+        elif (
+            running.handed is not None
+            and buffers.handed == running.handed
+            and not decision.outcome_unknown
+            and not running.already_handed
+        ):
+            # The engine answered this job's load: it did not take it, or no longer holds
+            # it; nothing else may still be reading that buffer.
+            await run_in_thread(self.staging.set_roles, buffers.served, None)
+        await self._refresh_buffers()
+        if decision.counted:
+            memory.attempts = replace(memory.attempts, unexpected=memory.attempts.unexpected + 1)
+        else:
+            memory.attempts = replace(memory.attempts, transient=memory.attempts.transient + 1)
+        target = running.target
+        if decision.action is Action.RETRY:
+            delay = self._delay(decision.backoff_attempt)
+            memory.retry = _Retry(target, asyncio.get_running_loop().time() + delay)
+        elif decision.action is Action.RETRY_FRESH:
+            memory.fresh = True
+        elif target is not None:
+            memory.hold = Hold(target, decision.reason, message, snapshot or target.identity)
+            now = datetime.now(UTC)
+            self._status.history.append(
+                SwapRecord(
+                    identity=target.identity,
+                    step=target.step,
+                    kind=target.kind.value,
+                    outcome=ReplicaState.FAILED,
+                    reason=decision.reason,
+                    started_at=now,
+                    finished_at=now,
+                )
             )
 
-    def _served(self, staged: StagedSnapshot, timings: LoadTimings, started: datetime) -> None:
-        ref = staged.ref
-        self._status.current = ref
-        self._status.current_via = staged.via
-        self._failed_target = None
-        self._metrics.swaps.labels(via=staged.via.value).inc()
-        self._metrics.set_served(ref.identity, ref.step, ref.kind.value)
+    # --- building blocks -----------------------------------------------------------------
+
+    def _record_swap(
+        self, staged: Staged, via: LoadPath, timings: LoadTimings, started: datetime
+    ) -> None:
         seconds = {name: round(value, 6) for name, value in timings.seconds.items()}
         seconds["total"] = round((datetime.now(UTC) - started).total_seconds(), 6)
         self._status.history.append(
             SwapRecord(
-                identity=ref.identity,
-                step=ref.step,
-                kind=ref.kind.value,
-                via=staged.via,
+                identity=staged.identity,
+                step=staged.step,
+                kind=staged.kind.value,
+                via=via,
                 outcome=ReplicaState.READY,
                 started_at=started,
                 finished_at=datetime.now(UTC),
@@ -410,77 +904,11 @@ class SidecarAgent:
             "snapshot swapped in",
             extra={
                 **self._context(),
-                "snapshot": ref.identity,
-                "step": ref.step,
-                "via": staged.via.value,
+                "snapshot": staged.identity,
+                "step": staged.step,
+                "via": via.value,
                 "seconds": seconds,
                 "fetched_bytes": timings.fetched_bytes,
-            },
-        )
-        self._transition(ReplicaState.READY, Phase.IDLE)
-
-    def _fail(self, target: SnapshotRef, reason: str, message: str) -> None:
-        """The target cannot be loaded: keep serving the last good snapshot, say why."""
-        self._failed_target = target.identity
-        now = datetime.now(UTC)
-        self._status.history.append(
-            SwapRecord(
-                identity=target.identity,
-                step=target.step,
-                kind=target.kind.value,
-                outcome=ReplicaState.FAILED,
-                reason=reason,
-                started_at=now,
-                finished_at=now,
-            )
-        )
-        log.error(
-            "target snapshot failed; serving the last good one",
-            extra={
-                **self._context(),
-                "snapshot": target.identity,
-                "reason": reason,
-                "error": message,
-                "serving": self.served_identity(),
-            },
-        )
-        self._transition(ReplicaState.FAILED, Phase.FAILED, reason=reason, message=message)
-
-    async def _recover(self, engine: Engine, loader: SnapshotLoader, target: SnapshotRef) -> None:
-        """After a (re)start: what does the engine serve, and is its rebuild still staged?"""
-        identity = await engine.served_identity()
-        if identity is None:
-            self._recovered = True
-            return
-        staged = await asyncio.to_thread(self.staging.record, identity)
-        if staged is not None:
-            step, kind = staged.step, staged.kind
-        else:
-            try:
-                manifest = await loader.manifest(identity)
-            except NotFound:
-                log.warning(
-                    "the engine serves a snapshot the bucket no longer has; loading afresh",
-                    extra={**self._context(), "snapshot": identity},
-                )
-                self._recovered = True
-                return
-            step, kind = manifest.step, manifest.kind
-        self._status.current = SnapshotRef(
-            identity=identity, step=step, kind=kind, kv_cache_policy=target.kv_cache_policy
-        )
-        observed = self._observed.annotations if self._observed else {}
-        if observed.get(ANNOTATION_SNAPSHOT) == identity and observed.get(ANNOTATION_VIA):
-            with contextlib.suppress(ValueError):
-                self._status.current_via = LoadPath(observed[ANNOTATION_VIA])
-        self._metrics.set_served(identity, step, kind.value)
-        self._recovered = True
-        log.info(
-            "engine already serves a snapshot",
-            extra={
-                **self._context(),
-                "snapshot": identity,
-                "staged": self.staging.has_snapshot(identity),
             },
         )
 
@@ -526,8 +954,6 @@ class SidecarAgent:
                 closing.add_done_callback(self._background.discard)
         return self._loader
 
-    # --- state and reporting -----------------------------------------------------------
-
     def _set_phase(self, phase: Phase) -> None:
         self._status.phase = phase
 
@@ -535,43 +961,49 @@ class SidecarAgent:
         self._status.bytes_done = done
         self._status.bytes_total = total
 
-    def _transition(
-        self,
-        state: ReplicaState,
-        phase: Phase,
-        *,
-        reason: str | None = None,
-        message: str | None = None,
-    ) -> None:
+    # --- the report ----------------------------------------------------------------------
+
+    def _report(self) -> None:
+        """Publish what the pod must say, from what is known now (the writer repairs any
+        difference on the Pod, whoever made it)."""
+        memory = self._memory
+        target = self._target()
+        serving = memory.serving
+        hold = memory.hold
+        state = replica_state(target, serving, hold)
         status = self._status
         if status.state is not state:
             status.since = datetime.now(UTC)
         status.state = state
-        status.phase = phase
-        status.reason = reason
-        status.message = message
-        self._report()
-
-    def _report(self) -> None:
-        """Publish the current report on the Pod (written in the background)."""
-        status = self._status
-        current, target = status.current, status.target
-        failed = status.state is ReplicaState.FAILED
+        failed = state is ReplicaState.FAILED and hold is not None
+        status.reason = hold.reason if failed and hold else None
+        status.message = hold.message if failed and hold else None
+        status.current = (
+            SnapshotRef(
+                identity=serving.identity,
+                step=serving.step,
+                kind=serving.kind,
+                kv_cache_policy=target.kv_cache_policy if target else KvCachePolicy.ALL,
+            )
+            if serving is not None
+            else None
+        )
+        status.current_via = serving.via if serving else None
         annotations = PodAnnotations(
-            snapshot=current.identity if current else None,
+            snapshot=serving.identity if serving else None,
             target=target.identity if target else None,
-            state=status.state,
+            state=state,
             since=status.since,
-            via=status.current_via,
-            reason=status.reason if failed else None,
-            message=status.message if failed else None,
-            failed_snapshot=target.identity if failed and target else None,
+            via=serving.via if serving else None,
+            reason=hold.reason if failed and hold else None,
+            message=hold.message if failed and hold else None,
+            failed_snapshot=hold.failed_snapshot if failed and hold else None,
         )
         deployment = self._deployment
         max_stale = deployment.spec.hot_load.max_stale_steps if deployment else None
         gate = readiness_gate(
-            current.step if current else None,
-            current.identity if current else None,
+            serving.step if serving else None,
+            serving.identity if serving else None,
             target.step if target else None,
             max_stale,
         )

@@ -58,6 +58,22 @@ class AgentConfig:
     """The agent's retries of a whole load (storage errors the storage layer already
     retried, ``NotFound``, engine busy) and of its watch and pod writes: the policy's
     defaults, 0.5 s doubling to 30 s, half of each delay random, never giving up."""
+    watch_retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(maximum_s=4.0))
+    """Reconnecting the deployment watch: capped low, so the first target after an API
+    server outage is seen within seconds of its return (jitter spreads a fleet)."""
+    engine_check_interval_s: float = 5.0
+    """How often the engine is asked what it serves, at the least (the pod's report
+    follows within this of a restart)."""
+    engine_report_timeout_s: float = 10.0
+    """An engine that does not answer a report within this is unreachable for now."""
+    engine_ready_timeout_s: float = 10.0
+    """How long a swap waits for the engine's health check before retrying later."""
+    pod_check_interval_s: float = 10.0
+    """How often the Pod is read back to repair what another writer changed."""
+    sync_drain_timeout_s: float = 60.0
+    """SYNC: the longest a swap waits for in-flight requests before swapping anyway."""
+    unexpected_failure_cap: int = 5
+    """Unexpected failures of one target retried as transient before Failed/InternalError."""
     history_limit: int = 20
     """Swaps remembered for ``/status``."""
     hold_timeout_s: float = 120.0

@@ -74,14 +74,26 @@ class FrontSource(Protocol):
         ...
 
     def served_identity(self) -> str | None:
-        """The identity the engine serves now, as the agent knows it."""
+        """The identity the engine serves now, verified and confirmed by its last report
+        (None: nothing verified; only the engine's own labels then name a policy)."""
         ...
 
     def status_report(self) -> StatusReport: ...
 
 
-def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> Response:
-    """An OpenAI-shaped error body."""
+def _error(
+    status: int,
+    message: str,
+    kind: str,
+    headers: dict[str, str] | None = None,
+    *,
+    policy: str | None = None,
+) -> Response:
+    """An OpenAI-shaped error body; ``policy`` (what the replica serves) goes into
+    ``x-hotload-policy`` so even a refusal says which policy the replica is on."""
+    headers = dict(headers or {})
+    if policy:
+        headers[POLICY_HEADER] = policy
     return JSONResponse(
         {"error": {"message": message, "type": kind, "code": status}},
         status_code=status,
@@ -136,15 +148,20 @@ async def _proxy(
 ) -> Response:
     engine = source.current_engine()
     served_name = source.served_name()
+    serving = source.served_identity()
     if engine is None or engine.base_url is None or served_name is None:
-        return _error(503, "no engine to serve this request yet", "engine_unavailable")
+        return _error(
+            503, "no engine to serve this request yet", "engine_unavailable", policy=serving
+        )
     raw = await request.body()
     body: dict[str, Any] | None = None
     if raw and request.method == "POST":
         try:
             parsed = json.loads(raw)
         except ValueError:
-            return _error(400, "the request body is not JSON", "invalid_request_error")
+            return _error(
+                400, "the request body is not JSON", "invalid_request_error", policy=serving
+            )
         if isinstance(parsed, dict):
             parsed["model"] = _strip_policy(parsed.get("model", served_name))
             body = engine.prepare_request(path, parsed)
@@ -154,11 +171,18 @@ async def _proxy(
         await gate.enter()
     except TooEarly as early:
         headers = {"Retry-After": str(early.retry_after_s)}
-        return _error(425, "a weight swap is running; retry shortly", "too_early", headers)
+        return _error(
+            425, "a weight swap is running; retry shortly", "too_early", headers, policy=serving
+        )
     except HoldTimeout as held:
         headers = {"Retry-After": str(held.retry_after_s)}
-        return _error(503, "a weight swap outlasted the hold timeout", "swap_timeout", headers)
-    started_on = source.served_identity()
+        return _error(
+            503,
+            "a weight swap outlasted the hold timeout",
+            "swap_timeout",
+            headers,
+            policy=source.served_identity(),
+        )
     labeler = PolicyLabeler(served_name, engine.identities_of, source.served_identity)
     outbound = client.build_request(
         request.method,
@@ -173,30 +197,32 @@ async def _proxy(
         gate.leave()
         log.warning("engine unreachable from the front", extra={"path": path, "error": str(err)})
         return _error(
-            502, f"the engine cannot be reached: {type(err).__name__}", "engine_unavailable"
+            502,
+            f"the engine cannot be reached: {type(err).__name__}",
+            "engine_unavailable",
+            policy=source.served_identity(),
         )
     source.metrics.proxied_requests.labels(status=str(upstream.status_code)).inc()
     headers = _response_headers(upstream)
     content_type = upstream.headers.get("content-type", "")
     if streaming and "text/event-stream" in content_type:
-        if started_on:
-            headers[POLICY_HEADER] = started_on
-        return StreamingResponse(
-            _relabel_stream(upstream, SseRelabeler(labeler), gate.leave),
-            status_code=upstream.status_code,
-            headers=headers,
-            media_type="text/event-stream",
-        )
+        return await _stream_response(upstream, SseRelabeler(labeler), gate.leave, headers)
     try:
         content = await upstream.aread()
     except httpx.HTTPError as err:
-        return _error(502, f"the engine broke off: {type(err).__name__}", "engine_unavailable")
+        return _error(
+            502,
+            f"the engine broke off: {type(err).__name__}",
+            "engine_unavailable",
+            policy=source.served_identity(),
+        )
     finally:
         await upstream.aclose()
         gate.leave()
     if "json" in content_type:
         content = labeler.label_json(content)
-    seen = labeler.seen or ([started_on] if started_on else [])
+    fallback = source.served_identity()
+    seen = labeler.seen or ([fallback] if fallback else [])
     if seen:
         headers[POLICY_HEADER] = seen[0]
     if len(seen) > 1:
@@ -212,12 +238,51 @@ def _response_headers(upstream: httpx.Response) -> dict[str, str]:
     return headers
 
 
+async def _stream_response(
+    upstream: httpx.Response,
+    relabeler: SseRelabeler,
+    done: Callable[[], None],
+    headers: dict[str, str],
+) -> Response:
+    """Stream the engine's SSE relabelled; the header names the policy of the first
+    event (read before the headers go out), so it is the engine's word, not a guess."""
+    chunks = upstream.aiter_raw()
+    first: list[bytes] = []
+    try:
+        while not first:  # up to the first complete event
+            chunk = await anext(chunks, None)
+            if chunk is None:
+                break
+            out = relabeler.feed(chunk)
+            if out:
+                first.append(out)
+    except httpx.HTTPError as err:
+        log.warning("engine stream broke off", extra={"error": str(err)})
+        await upstream.aclose()
+        done()
+        return _error(502, f"the engine broke off: {type(err).__name__}", "engine_unavailable")
+    if relabeler.labeler.seen:
+        headers[POLICY_HEADER] = relabeler.labeler.seen[0]
+    return StreamingResponse(
+        _relabel_stream(upstream, chunks, first, relabeler, done),
+        status_code=upstream.status_code,
+        headers=headers,
+        media_type="text/event-stream",
+    )
+
+
 async def _relabel_stream(
-    upstream: httpx.Response, relabeler: SseRelabeler, done: Callable[[], None]
+    upstream: httpx.Response,
+    chunks: AsyncIterator[bytes],
+    first: list[bytes],
+    relabeler: SseRelabeler,
+    done: Callable[[], None],
 ) -> AsyncIterator[bytes]:
     """Pass the engine's SSE through, relabelled, chunk by chunk; release the gate at the end."""
     try:
-        async for chunk in upstream.aiter_raw():
+        for out in first:
+            yield out
+        async for chunk in chunks:
             out = relabeler.feed(chunk)
             if out:
                 yield out

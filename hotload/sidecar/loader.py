@@ -1,20 +1,27 @@
-"""Stage a target snapshot: plan, fetch, verify, rebuild — never touching the engine.
+"""Build a target snapshot into a free staging buffer: plan, fetch, verify, rebuild.
 
-The result is a verified Hugging Face directory under staging; swapping it in is the
-agent's job. Each phase reports itself (for ``/status``) and is timed (for the history
-and ``hotload_phase_seconds``):
+The engine is never touched here, and neither is a buffer it may read: the agent hands
+this loader the free buffer and the planner's :class:`~hotload.sidecar.planning.BuildChoice`.
+Each phase reports itself (for ``/status``) and is timed (for the history and
+``hotload_phase_seconds``):
 
-- plan: walk manifests back from the target with the chain planner (one delta or several
-  from what the replica holds, the Full itself, or a replay from the last Full);
+- plan: walk manifests back from the target with the chain planner, once for each
+  possible base (the free buffer's content, the served buffer's, nothing);
 - fetch: every stored file of every snapshot on the plan, in parallel ranged reads that
-  resume where a killed sidecar left them;
-- verify: the sha256 (or the declared family) of every stored file, in a thread;
-- rebuild: decode each delta onto the snapshot before it into a new directory, checking
-  every rebuilt tensor's hash, in a thread; the directory appears by an atomic rename.
+  resume where a killed sidecar left them (partial files live under ``partial/``);
+- verify: the sha256 (or the declared family) of every stored file;
+- rebuild: decode each delta onto the snapshot before it, checking every rebuilt tensor's
+  hash; the first step reads the base (patching the free buffer's own content in place,
+  or writing afresh from the served buffer, which is only read), later steps patch in
+  place inside the free buffer.
 
-Errors pass through typed: ``NotFound``/``StorageUnavailable`` (transient: retried by the
-agent), ``ChecksumMismatch``/``ChainBroken``/``ManifestInvalid``/``DecodeFailed`` (the
-chain is broken), ``AccessDenied``.
+Every blocking step runs in a thread through :func:`hotload.cancellation.run_cancellable`
+with the job's token: a preempted build stops at its next part or tensor and returns only
+when no thread touches staging any more.
+
+Errors pass through typed: ``NotFound``/``StorageUnavailable`` (transient),
+``ChecksumMismatch``/``ChainBroken``/``ManifestInvalid``/``DecodeFailed`` (chain-breaking,
+until a fresh replay says otherwise), ``AccessDenied``.
 """
 
 from __future__ import annotations
@@ -28,8 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hotload.api import LoadPath, SnapshotRef
-from hotload.errors import ChecksumMismatch, HotloadError, ManifestInvalid
+from hotload.cancellation import CancelToken, run_cancellable
+from hotload.errors import ChecksumMismatch, HotloadError, ManifestInvalid, ObjectTooLarge
 from hotload.sidecar.metrics import AgentMetrics
+from hotload.sidecar.planning import Base, BuildChoice, BuildOptions, Slot, Staged
 from hotload.sidecar.staging import StagingArea
 from hotload.sidecar.status import Phase
 from hotload.snapshot import (
@@ -43,6 +52,7 @@ from hotload.snapshot import (
     rebuild,
 )
 from hotload.snapshot.digest import check_file
+from hotload.snapshot.limits import MAX_MANIFEST_BYTES
 from hotload.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -89,18 +99,39 @@ class LoadTimings:
 
 
 @dataclass(frozen=True)
-class StagedSnapshot:
-    """A verified rebuild, ready to be handed to the engine."""
+class Built:
+    """A verified rebuild in a buffer, ready to be handed to the engine."""
 
-    ref: SnapshotRef
+    target: SnapshotRef
     via: LoadPath
-    host_dir: Path
-    engine_path: Path
+    slot: Slot
+    staged: Staged
     manifest: Manifest
 
 
+def snapshot_at_fault(error: HotloadError, default: str) -> str:
+    """Which snapshot's files an error is about (its context names it), else ``default``."""
+    for name in ("snapshot", "identity", "missing"):
+        value = error.context.get(name)
+        if isinstance(value, str) and value:
+            return value
+    key = error.context.get("key")
+    if isinstance(key, str) and "/" in key:
+        return key.split("/", 1)[0]
+    return default
+
+
+class BuildFailed(Exception):
+    """A build failed: the error, and which snapshot's files were at fault."""
+
+    def __init__(self, error: BaseException, snapshot: str) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.snapshot = snapshot
+
+
 class SnapshotLoader:
-    """Stages snapshots from one bucket into one staging area."""
+    """Builds snapshots from one bucket into one staging area's buffers."""
 
     def __init__(
         self,
@@ -126,36 +157,41 @@ class SnapshotLoader:
         self.manifest_bytes = 0
         """Bytes of manifests read from the bucket (they count as bytes moved)."""
 
+    # --- manifests and plans --------------------------------------------------------------
+
     async def manifest(self, identity: str) -> Manifest:
         """The manifest of ``identity`` (cached: snapshots are immutable)."""
         cached = self._manifests.get(identity)
         if cached is not None:
             return cached[0]
-        data = await self.storage.get(f"{identity}/{MANIFEST_NAME}")
+        key = f"{identity}/{MANIFEST_NAME}"
+        try:
+            data = await self.storage.get(key, max_bytes=MAX_MANIFEST_BYTES)
+        except ObjectTooLarge as err:
+            raise ManifestInvalid(
+                "the manifest is over the format's size limit",
+                identity=identity,
+                limit=MAX_MANIFEST_BYTES,
+            ) from err
         self.manifest_bytes += len(data)
         self.metrics.fetched_bytes.inc(len(data))
         manifest = await asyncio.to_thread(parse_manifest, data, expected_identity=identity)
         self._manifests[identity] = (manifest, data)
         return manifest
 
-    def _keep_manifest(self, identity: str) -> None:
-        """Write the manifest beside the downloaded files (the decoder reads it there)."""
-        _, data = self._manifests[identity]
-        directory = self.staging.fetch_dir(identity)
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / MANIFEST_NAME).write_bytes(data)
+    def forget_manifests(self, identities: set[str]) -> None:
+        """Read these manifests from the bucket again next time (a fresh replay)."""
+        for identity in identities:
+            self._manifests.pop(identity, None)
 
     async def plan(self, held: str | None, target: SnapshotRef) -> UpdatePlan:
-        """The cheapest way from ``held`` (verified in staging, served) to ``target``."""
-        self._on_phase(Phase.PLANNING)
+        """The cheapest way from ``held`` (a verified rebuild) to ``target``."""
         known: dict[str, Manifest] = {}
         while (needed := next_manifest_needed(held, target.identity, known)) is not None:
             known[needed] = await self.manifest(needed)
         plan = plan_update(held, target.identity, known)
-        target_manifest = known.get(target.identity)
-        if target_manifest is not None and (
-            target_manifest.step != target.step or target_manifest.kind != target.kind
-        ):
+        target_manifest = known.get(target.identity) or await self.manifest(target.identity)
+        if target_manifest.step != target.step or target_manifest.kind != target.kind:
             raise ManifestInvalid(
                 "the manifest disagrees with the deployment's target",
                 identity=target.identity,
@@ -166,40 +202,125 @@ class SnapshotLoader:
             )
         return plan
 
-    async def stage(
-        self, held: str | None, target: SnapshotRef, timings: LoadTimings
-    ) -> StagedSnapshot:
-        """Plan, fetch, verify and rebuild ``target``; the verified directory."""
-        with timings.phase("fetch", self.metrics):
-            manifest_bytes_before = self.manifest_bytes
-            plan = await self.plan(held, target)
-            manifests = [await self.manifest(identity) for identity in plan.apply]
-            todo = [m for m in manifests if not self.staging.has_snapshot(m.identity)]
-            timings.fetched_bytes += self.manifest_bytes - manifest_bytes_before
-            timings.stored_bytes = sum(
-                m.stored_bytes() + len(self._manifests[m.identity][1]) for m in manifests
-            )
-            self._on_phase(Phase.FETCHING)
-            for manifest in todo:
-                await asyncio.to_thread(self._keep_manifest, manifest.identity)
-            await self._fetch(todo, timings)
-        self._on_phase(Phase.VERIFYING)
-        with timings.phase("verify", self.metrics):
-            for manifest in todo:
-                await asyncio.to_thread(self._verify_stored, manifest)
-        self._on_phase(Phase.REBUILDING)
-        with timings.phase("rebuild", self.metrics):
-            await self._rebuild(held, plan, manifests)
-        final = manifests[-1]
-        return StagedSnapshot(
-            ref=target,
-            via=plan.via,
-            host_dir=self.staging.snapshot_dir(final.identity),
-            engine_path=self.staging.engine_path(final.identity),
-            manifest=final,
-        )
+    async def options(
+        self, target: SnapshotRef, free: Staged | None, served: Staged | None
+    ) -> BuildOptions:
+        """The plan from each possible base, for the planner to choose from."""
+        self._on_phase(Phase.PLANNING)
+        from_nothing = await self.plan(None, target)
+        in_place = await self.plan(free.identity, target) if free is not None else None
+        from_served = await self.plan(served.identity, target) if served is not None else None
+        return BuildOptions(in_place, from_served, from_nothing)
 
-    async def _fetch(self, manifests: list[Manifest], timings: LoadTimings) -> None:
+    # --- building -------------------------------------------------------------------------
+
+    async def build(
+        self,
+        target: SnapshotRef,
+        choice: BuildChoice,
+        into: Slot,
+        served: tuple[Slot, Staged] | None,
+        timings: LoadTimings,
+        token: CancelToken,
+    ) -> Built:
+        """Fetch, verify and rebuild ``choice`` into the free buffer ``into``.
+
+        Raises :class:`BuildFailed` carrying the error and the snapshot at fault."""
+        plan = choice.plan
+        manifests = [await self.manifest(identity) for identity in plan.apply]
+        current = target.identity
+        try:
+            with timings.phase("fetch", self.metrics):
+                timings.stored_bytes = sum(
+                    m.stored_bytes() + len(self._manifests[m.identity][1]) for m in manifests
+                )
+                timings.fetched_bytes += sum(len(self._manifests[m.identity][1]) for m in manifests)
+                self._on_phase(Phase.FETCHING)
+                for manifest in manifests:
+                    await run_cancellable(token, self._keep_manifest, manifest.identity)
+                await self._fetch(manifests, timings, token)
+            self._on_phase(Phase.VERIFYING)
+            with timings.phase("verify", self.metrics):
+                for manifest in manifests:
+                    current = manifest.identity
+                    await run_cancellable(token, self._verify_stored, manifest, token)
+            self._on_phase(Phase.REBUILDING)
+            with timings.phase("rebuild", self.metrics):
+                base = self._base_dir(choice, into, served)
+                for manifest in manifests:
+                    current = manifest.identity
+                    base = await self._rebuild_one(manifest, base, into, token)
+        except HotloadError as err:
+            raise BuildFailed(err, snapshot_at_fault(err, current)) from err
+        final = manifests[-1]
+        staged = self.staging.held(into)
+        if staged is None or staged.identity != final.identity:
+            raise BuildFailed(
+                ChecksumMismatch("the rebuilt buffer has no record", snapshot=final.identity),
+                final.identity,
+            )
+        return Built(target, plan.via, into, staged, final)
+
+    def _base_dir(
+        self, choice: BuildChoice, into: Slot, served: tuple[Slot, Staged] | None
+    ) -> Path | None:
+        """The directory the first delta is decoded onto, and the free buffer emptied of
+        everything else (it is ours: neither served nor handed)."""
+        if choice.base is Base.IN_PLACE:
+            held = self.staging.held(into)
+            keep = held.identity if held is not None else None
+            self.staging.clear_slot(into, keep=keep)
+            return self.staging.snapshot_dir(into, keep) if keep is not None else None
+        self.staging.clear_slot(into)
+        if choice.base is Base.FROM_SERVED and served is not None:
+            slot, staged = served
+            return self.staging.snapshot_dir(slot, staged.identity)
+        return None
+
+    async def _rebuild_one(
+        self, manifest: Manifest, base: Path | None, into: Slot, token: CancelToken
+    ) -> Path:
+        """Decode one snapshot onto ``base``, into the free buffer; its directory."""
+        identity = manifest.identity
+        out = self.staging.snapshot_dir(into, identity)
+        own = base is not None and base.parent == self.staging.slot_dir(into)
+        await run_cancellable(
+            token,
+            rebuild,
+            base,
+            self.staging.fetch_dir(identity),
+            out,
+            threads=self.decode_threads,
+            # The verify phase has just hashed every stored file.
+            stored_verified=True,
+            # Inside the free buffer, patch the previous link in place (only changed pages
+            # written); a base in the served buffer is only read.
+            consume_previous=own,
+            check=token.check,
+        )
+        if own and base is not None and base.exists():
+            await run_cancellable(token, self.staging.clear_slot, into, keep=identity)
+        log.info(
+            "snapshot rebuilt and verified",
+            extra={
+                "snapshot": identity,
+                "step": manifest.step,
+                "kind": manifest.kind.value,
+                "buffer": into.value,
+            },
+        )
+        return out
+
+    def _keep_manifest(self, identity: str) -> None:
+        """Write the manifest beside the downloaded files (the decoder reads it there)."""
+        _, data = self._manifests[identity]
+        directory = self.staging.fetch_dir(identity)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / MANIFEST_NAME).write_bytes(data)
+
+    async def _fetch(
+        self, manifests: list[Manifest], timings: LoadTimings, token: CancelToken
+    ) -> None:
         jobs = [(m.identity, entry) for m in manifests for entry in (*m.files, *m.deltas)]
         total = sum(entry.size for _, entry in jobs)
         done_by_file: dict[str, int] = {}
@@ -221,6 +342,7 @@ class SnapshotLoader:
                 progress_for(key)(entry.size, entry.size)
                 return
             async with limit:
+                token.check()
                 result = await self.storage.download(
                     key,
                     dest,
@@ -228,6 +350,7 @@ class SnapshotLoader:
                     concurrency=self.concurrency,
                     part_size=self.part_size,
                     progress=progress_for(key),
+                    partial=self.staging.partial_dir(identity) / entry.path,
                 )
             timings.fetched_bytes += result.fetched_bytes
             self.metrics.fetched_bytes.inc(result.fetched_bytes)
@@ -239,47 +362,13 @@ class SnapshotLoader:
         except ExceptionGroup as group_error:
             raise _first_error(group_error) from group_error
 
-    def _verify_stored(self, manifest: Manifest) -> None:
+    def _verify_stored(self, manifest: Manifest, token: CancelToken) -> None:
         """Every stored file's size and hash; a bad file is removed so a retry refetches it."""
         for entry in (*manifest.files, *manifest.deltas):
+            token.check()
             path = self.staging.fetch_dir(manifest.identity) / entry.path
             try:
                 check_file(path, entry, manifest.file_hash, snapshot=manifest.identity)
             except ChecksumMismatch:
                 path.unlink(missing_ok=True)
                 raise
-
-    async def _rebuild(self, held: str | None, plan: UpdatePlan, manifests: list[Manifest]) -> None:
-        """Decode the plan's snapshots in order, each onto the one before; intermediate
-        rebuilds of a chain are dropped as soon as the next one stands on them."""
-        previous = held if plan.via is LoadPath.DELTA else None
-        for manifest in manifests:
-            identity = manifest.identity
-            if not self.staging.has_snapshot(identity):
-                await asyncio.to_thread(self.staging.discard_snapshot, identity)
-                base = self.staging.snapshot_dir(previous) if previous is not None else None
-                await asyncio.to_thread(
-                    rebuild,
-                    base,
-                    self.staging.fetch_dir(identity),
-                    self.staging.snapshot_dir(identity),
-                    threads=self.decode_threads,
-                    # The verify phase has just hashed every stored file.
-                    stored_verified=True,
-                    # Patch the previous rebuild in place instead of copying it: the engine
-                    # serves from memory, a failed rebuild gives the previous back exactly,
-                    # and should it be gone (a crash mid-way, a refused swap) the agent holds
-                    # nothing in staging and replays from the last Full.
-                    consume_previous=previous is not None,
-                )
-                log.info(
-                    "snapshot rebuilt and verified",
-                    extra={
-                        "snapshot": identity,
-                        "step": manifest.step,
-                        "kind": manifest.kind.value,
-                    },
-                )
-            if previous is not None and previous != held:
-                await asyncio.to_thread(self.staging.discard_snapshot, previous)
-            previous = identity

@@ -79,6 +79,10 @@ class AgentMetrics:
         for phase in PHASES:
             self.phase_seconds.labels(phase=phase)
 
+    def clear_served(self) -> None:
+        """Nothing verified is served (the engine restarted, or lost its weights)."""
+        self.snapshot_info.clear()
+
     def set_served(self, identity: str, step: int, kind: str) -> None:
         """Point the info metric at the snapshot served now (one label set at a time)."""
         self.snapshot_info.clear()

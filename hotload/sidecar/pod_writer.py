@@ -1,19 +1,23 @@
-"""Writes the agent's report on its own Pod, coalescing bursts, retrying failures.
+"""Keeps the agent's report on its own Pod true, whoever else writes to the Pod.
+
+Level-triggered: the writer compares what the Pod holds with what the agent wants it to
+say, and patches on any difference — after the agent's own transitions, and also when
+another writer changed our annotations or our condition, or after an API server outage.
+It re-reads the Pod every ``check_interval_s`` (jittered) and right after each failed
+write; a patch's answer (the Pod as the server now holds it) counts as a read.
 
 The client sends a dict body to a Pod's PATCH as a strategic-merge patch (its content
 type for pods): annotations merge key by key (``null`` removes one) and conditions merge
-by ``type``, so only our own keys and our one condition type are ever touched.
-
-The agent sets the desired annotations and readiness gate at every transition and moves
-on; this writer patches the Pod in the background, the newest desired state only (a
-burst of transitions becomes one patch each for annotations and condition), and only
-what differs from what it last wrote. Loading and serving never wait on the API server.
+by ``type``, so only our own keys and our one condition type are ever touched. Loading
+and serving never wait on the API server: :meth:`PodWriter.publish` only records what is
+wanted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -33,84 +37,148 @@ from hotload.sidecar.pod_report import (
 
 log = logging.getLogger(__name__)
 
+#: How often the Pod is read back to catch other writers (each read is one GET).
+DEFAULT_CHECK_INTERVAL_S = 10.0
+
 
 @dataclass(frozen=True)
 class ObservedPod:
-    """What the Pod said when the agent started (a restart picks up from there)."""
+    """Our part of the Pod as the API server last showed it."""
 
     annotations: dict[str, str]
+    """Our annotations only (``hotload.dev/*`` keys the sidecar writes)."""
     gate_status: bool | None
+    gate_reason: str | None
+    gate_message: str | None
     gate_transition: datetime | None
     uid: str | None
+
+
+def _observed(pod: Any) -> ObservedPod:
+    annotations = {
+        key: value
+        for key, value in (pod.metadata.annotations or {}).items()
+        if key in SIDECAR_ANNOTATIONS
+    }
+    status: bool | None = None
+    reason = message = None
+    transition: datetime | None = None
+    for condition in (pod.status.conditions if pod.status else None) or []:
+        if condition.type == CONDITION_SNAPSHOT_READY:
+            status = condition.status == "True"
+            reason, message = condition.reason, condition.message
+            transition = condition.last_transition_time
+    return ObservedPod(annotations, status, reason, message, transition, pod.metadata.uid)
+
+
+def annotations_differ(wanted: PodAnnotations, observed: ObservedPod) -> bool:
+    """True when the Pod's annotations are not exactly what we want on it."""
+    values = wanted.values()
+    return any(observed.annotations.get(key) != value for key, value in values.items())
+
+
+def gate_differs(wanted: ReadinessGate, observed: ObservedPod) -> bool:
+    return (observed.gate_status, observed.gate_reason, observed.gate_message) != (
+        wanted.ready,
+        wanted.reason,
+        wanted.message,
+    )
 
 
 class PodWriter:
     """Background writer of one Pod's annotations and ``hotload.dev/SnapshotReady``."""
 
-    def __init__(self, api: ApiClient, namespace: str, name: str, retry: RetryPolicy) -> None:
+    def __init__(
+        self,
+        api: ApiClient,
+        namespace: str,
+        name: str,
+        retry: RetryPolicy,
+        *,
+        check_interval_s: float = DEFAULT_CHECK_INTERVAL_S,
+    ) -> None:
         self._core = CoreV1Api(api)
         self.namespace = namespace
         self.name = name
         self._backoff = Backoff(retry)
+        self.check_interval_s = check_interval_s
         self._wanted_annotations: PodAnnotations | None = None
         self._wanted_gate: ReadinessGate | None = None
-        self._written_annotations: PodAnnotations | None = None
-        self._written_gate: ReadinessGate | None = None
-        self._gate_transition: datetime | None = None
+        self._observed: ObservedPod | None = None
         self._changed = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._rng = random.Random()
         self.patches = 0
         """Patches sent (annotations and condition): for tests and the scale benchmark."""
+        self.repairs = 0
+        """Patches that repaired a difference someone else made (not our own transition)."""
 
     def _context(self) -> dict[str, Any]:
         return {"namespace": self.namespace, "pod": self.name}
 
+    @property
+    def observed(self) -> ObservedPod | None:
+        return self._observed
+
     async def observe(self) -> ObservedPod:
-        """Read the Pod once (a restarted sidecar resumes its report from it)."""
+        """Read the Pod (a restarted sidecar resumes its report from it)."""
         with kube_errors(**self._context()):
             pod = await self._core.read_namespaced_pod(self.name, self.namespace)
-        annotations = {
-            key: value
-            for key, value in (pod.metadata.annotations or {}).items()
-            if key in SIDECAR_ANNOTATIONS
-        }
-        gate_status: bool | None = None
-        gate_transition: datetime | None = None
-        for condition in (pod.status.conditions if pod.status else None) or []:
-            if condition.type == CONDITION_SNAPSHOT_READY:
-                gate_status = condition.status == "True"
-                gate_transition = condition.last_transition_time
-        if gate_status is not None:
-            self._gate_transition = gate_transition
-            self._written_gate = ReadinessGate(gate_status, "", "")
-        return ObservedPod(annotations, gate_status, gate_transition, pod.metadata.uid)
+        self._observed = _observed(pod)
+        return self._observed
 
     def publish(self, annotations: PodAnnotations, gate: ReadinessGate) -> None:
-        """Ask for this report to be written (soon, in the background)."""
+        """Ask for this report to be on the Pod (soon, in the background)."""
         if not annotations.same_content(self._wanted_annotations):
             self._wanted_annotations = annotations
         self._wanted_gate = gate
-        self._idle.clear()
-        self._changed.set()
+        if self._differs(self._observed):
+            self._idle.clear()
+            self._changed.set()
 
     async def settled(self) -> None:
         """Wait until everything published so far is written (shutdown and tests)."""
         await self._idle.wait()
 
+    def _differs(self, observed: ObservedPod | None) -> bool:
+        if observed is None:
+            return self._wanted_annotations is not None or self._wanted_gate is not None
+        annotations, gate = self._wanted_annotations, self._wanted_gate
+        return (annotations is not None and annotations_differ(annotations, observed)) or (
+            gate is not None and gate_differs(gate, observed)
+        )
+
+    def _next_check(self) -> float:
+        return self.check_interval_s * self._rng.uniform(0.8, 1.2)
+
     async def run(self) -> None:
-        """Write what is wanted, whenever it changes, until cancelled."""
+        """Keep the Pod saying what is wanted, until cancelled."""
+        read_back = self._observed is None
         while True:
-            await self._changed.wait()
+            if not read_back:
+                try:
+                    async with asyncio.timeout(self._next_check()):
+                        await self._changed.wait()
+                except TimeoutError:
+                    read_back = True
             self._changed.clear()
             try:
-                await self._write_pending()
+                if read_back:
+                    await self.observe()
+                    read_back = False
+                own_change = self._idle.is_set() is False
+                if self._differs(self._observed):
+                    await self._write(repair=not own_change)
                 self._backoff.reset()
                 if not self._changed.is_set():
                     self._idle.set()
             except KubeNotFound:
                 log.warning("own pod is gone; nothing to report on", extra=self._context())
+                self._observed = None
                 self._idle.set()
+                await asyncio.sleep(self._next_check())
+                read_back = True
             except KubeError as err:
                 delay = self._backoff.next_delay()
                 log.warning(
@@ -118,31 +186,35 @@ class PodWriter:
                     extra={**self._context(), "error": str(err), "retry_in_s": round(delay, 2)},
                 )
                 await asyncio.sleep(delay)
-                self._changed.set()
+                read_back = True
 
-    async def _write_pending(self) -> None:
-        annotations = self._wanted_annotations
-        if annotations is not None and not annotations.same_content(self._written_annotations):
+    async def _write(self, *, repair: bool) -> None:
+        observed = self._observed
+        assert observed is not None  # read just before
+        annotations, gate = self._wanted_annotations, self._wanted_gate
+        if annotations is not None and annotations_differ(annotations, observed):
             with kube_errors(**self._context(), write="annotations"):
-                await self._core.patch_namespaced_pod(
-                    self.name,
-                    self.namespace,
-                    annotation_patch(annotations),
+                pod = await self._core.patch_namespaced_pod(
+                    self.name, self.namespace, annotation_patch(annotations)
                 )
-            self._written_annotations = annotations
-            self.patches += 1
-        gate = self._wanted_gate
-        if gate is not None and gate != self._written_gate:
-            previous = self._written_gate
-            moment = self._gate_transition
-            if previous is None or previous.ready != gate.ready or moment is None:
+            self._observed = observed = _observed(pod)
+            self._count(repair, "annotations")
+        if gate is not None and gate_differs(gate, observed):
+            moment = observed.gate_transition
+            if observed.gate_status != gate.ready or moment is None:
                 moment = datetime.now(UTC)
             with kube_errors(**self._context(), write="condition"):
-                await self._core.patch_namespaced_pod_status(
-                    self.name,
-                    self.namespace,
-                    condition_patch(gate, moment),
+                pod = await self._core.patch_namespaced_pod_status(
+                    self.name, self.namespace, condition_patch(gate, moment)
                 )
-            self._written_gate = gate
-            self._gate_transition = moment
-            self.patches += 1
+            self._observed = _observed(pod)
+            self._count(repair, "condition")
+
+    def _count(self, repair: bool, what: str) -> None:
+        self.patches += 1
+        if repair:
+            self.repairs += 1
+            log.info(
+                "pod report repaired (another writer changed it)",
+                extra={**self._context(), "what": what},
+            )

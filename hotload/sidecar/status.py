@@ -28,7 +28,12 @@ class Phase(StrEnum):
     FETCHING = "Fetching"
     VERIFYING = "Verifying"
     REBUILDING = "Rebuilding"
+    DRAINING = "Draining"
+    """SYNC: new requests get 425 while in-flight ones finish on the old weights."""
     SWAPPING = "Swapping"
+    RELOADING = "Reloading"
+    """Loading the served buffer again (the engine restarted, or a load left its
+    weights unknown), or settling a load whose outcome was not known."""
     RETRYING = "Retrying"
     """A transient failure; waiting before the next attempt."""
     FAILED = "Failed"
@@ -74,6 +79,27 @@ class SwapRecord(_Model):
     already local): the bytes a load moves when nothing is resumed."""
 
 
+class EngineSeen(_Model):
+    """The engine's own last answer (what the pod's report is checked against)."""
+
+    identity: str | None
+    instance_id: str | None
+    answered: bool
+    """False: it did not answer the last check."""
+    at: datetime
+
+
+class BuffersReport(_Model):
+    """The two staging buffers: what each holds and their roles."""
+
+    a: str | None
+    b: str | None
+    served: str | None
+    """``a`` or ``b``: the buffer the engine serves from (never written while it is)."""
+    handed: str | None
+    """A buffer handed to the engine whose load outcome is not known yet."""
+
+
 class StatusReport(_Model):
     """The body of ``GET /status``."""
 
@@ -92,6 +118,8 @@ class StatusReport(_Model):
     transition: str | None
     history: list[SwapRecord]
     last_error: ErrorRecord | None
+    engine_seen: EngineSeen | None = None
+    buffers: BuffersReport | None = None
 
 
 @dataclass
@@ -111,6 +139,8 @@ class AgentStatus:
     bytes_total: int = 0
     last_error: ErrorRecord | None = None
     history: deque[SwapRecord] = field(default_factory=lambda: deque(maxlen=20))
+    engine_seen: EngineSeen | None = None
+    buffers: BuffersReport | None = None
 
     def report(
         self,
@@ -137,4 +167,6 @@ class AgentStatus:
             transition=transition,
             history=list(reversed(self.history)),
             last_error=self.last_error,
+            engine_seen=self.engine_seen,
+            buffers=self.buffers,
         )

@@ -6,8 +6,10 @@ DESIGN.md, Flow and "Figures from the field": only the swap itself touches traff
   the new weights; new requests are *held* here until the swap ends (bounded by a hold
   timeout), nobody gets an error.
 - ``SYNC``: in-flight requests finish on the old weights (the swap waits for them to
-  drain); new requests are answered ``425 Too Early`` with ``Retry-After`` until the swap
-  ends, and retry with the same session key.
+  drain, up to a drain timeout: one endless stream must not hold the replica in 425
+  forever); new requests are answered ``425 Too Early`` with ``Retry-After`` until the
+  swap ends, and retry with the same session key. Requests still running at the timeout
+  continue across the swap, each chunk naming the weights that produced it.
 
 The gate counts requests in flight (admitted and not yet finished, streams included) so
 a SYNC swap knows when the old weights have nothing left to do.
@@ -99,12 +101,15 @@ class SwapGate:
             self._drained.set()
 
     @asynccontextmanager
-    async def swapping(self, transition: Transition) -> AsyncIterator[None]:
+    async def swapping(
+        self, transition: Transition, drain_timeout_s: float | None = None
+    ) -> AsyncIterator[None]:
         """Close the gate the way ``transition`` says for the duration of the block.
 
         SYNC waits here, refusing new requests, until every admitted request has finished
-        on the old weights; ASYNC holds new requests and lets admitted ones be paused by
-        the engine inside the block.
+        on the old weights or ``drain_timeout_s`` passed (None: no limit); ASYNC holds new
+        requests and lets admitted ones be paused by the engine inside the block. A
+        cancellation while draining (a newer target) reopens the gate.
         """
         if self.state is not GateState.OPEN:
             raise EngineBusy("another swap is running")
@@ -116,10 +121,18 @@ class SwapGate:
                     "SYNC swap: waiting for in-flight requests",
                     extra={"in_flight": self.in_flight},
                 )
-            await self._drained.wait()
         else:
             self.state = GateState.HOLDING
         try:
+            if transition is Transition.SYNC:
+                try:
+                    async with asyncio.timeout(drain_timeout_s):
+                        await self._drained.wait()
+                except TimeoutError:
+                    log.warning(
+                        "SYNC swap: in-flight requests outlasted the drain timeout; swapping",
+                        extra={"in_flight": self.in_flight, "drain_timeout_s": drain_timeout_s},
+                    )
             yield
         finally:
             self.state = GateState.OPEN

@@ -98,6 +98,7 @@ def rebuild(
     verify_previous: bool = False,
     consume_previous: bool = False,
     stored_verified: bool = False,
+    check: Callable[[], None] | None = None,
 ) -> RebuildResult:
     """Rebuild the full directory of ``snapshot`` into ``out`` (absent or empty), verified.
 
@@ -115,7 +116,12 @@ def rebuild(
     ``stored_verified`` says the caller has just checked every stored file of ``snapshot``
     against this manifest (the sidecar's verify phase), so they are not hashed twice;
     every rebuilt tensor is still checked against its hash.
+
+    ``check`` is called before each tensor (and each copied file): it raises to stop the
+    rebuild (a cancelled load), which then cleans up as after any failure — a fresh
+    rebuild leaves nothing, an in-place one gives the previous directory back.
     """
+    check = check or _go_on
     manifest = read_manifest(snapshot)
     if not stored_verified:
         verify_stored_files(snapshot, manifest)
@@ -130,7 +136,7 @@ def rebuild(
     in_place = consume_previous and previous is not None and incremental
     if in_place and previous is not None and can_patch_in_place(previous, snapshot, manifest):
         _check_previous_directory(previous, manifest, verify_previous)
-        rebuild_in_place(previous, snapshot, out, manifest, _record(manifest, digest))
+        rebuild_in_place(previous, snapshot, out, manifest, _record(manifest, digest), check)
         files = sum(1 for p in out.rglob("*") if p.is_file())
         log.info(
             "snapshot rebuilt in place",
@@ -139,9 +145,11 @@ def rebuild(
         return RebuildResult(manifest, out, manifest.tensor_bytes(), files)
     with staged_directory(out) as staging:
         if incremental and previous is not None:
-            _rebuild_incremental(previous, snapshot, staging, manifest, threads, verify_previous)
+            _rebuild_incremental(
+                previous, snapshot, staging, manifest, threads, verify_previous, check
+            )
         else:
-            _rebuild_complete(snapshot, staging, manifest)
+            _rebuild_complete(snapshot, staging, manifest, check)
         write_bytes(staging / REBUILT_NAME, _record(manifest, digest))
         files = sum(1 for p in staging.rglob("*") if p.is_file())
     log.info(
@@ -151,8 +159,15 @@ def rebuild(
     return RebuildResult(manifest, out, manifest.tensor_bytes(), files)
 
 
-def _rebuild_complete(snapshot: Path, staging: Path, manifest: Manifest) -> None:
+def _go_on() -> None:
+    """The default ``check``: never stop."""
+
+
+def _rebuild_complete(
+    snapshot: Path, staging: Path, manifest: Manifest, check: Callable[[], None]
+) -> None:
     for entry in manifest.files:
+        check()
         copy_file(inside(snapshot, entry.path), inside(staging, entry.path))
     with mapped_shards(staging, [s.path for s in manifest.shards]) as index:
         check_complete_shards(index, manifest)
@@ -216,6 +231,7 @@ def _rebuild_incremental(
     manifest: Manifest,
     threads: int,
     verify_previous: bool,
+    check: Callable[[], None],
 ) -> None:
     before = scan(previous)
     _check_referenced(previous, manifest)
@@ -241,6 +257,7 @@ def _rebuild_incremental(
                     shard_entry,
                     entries.get(shard_entry.path, {}),
                     pool,
+                    check,
                 )
         finally:
             if pool is not None:
@@ -283,6 +300,7 @@ def _rebuild_shard(
     entry: ShardEntry,
     entries: dict[str, TensorEntry],
     pool: ThreadPoolExecutor | None,
+    check: Callable[[], None],
 ) -> None:
     header_bytes = _shard_header(old, deltas, entry, manifest)
     header = parse_header(header_bytes, entry.size, source=entry.path)
@@ -293,7 +311,7 @@ def _rebuild_shard(
         handle.truncate(entry.size)
         with mapped(handle.fileno(), entry.size, writable=True) as output:
             output[: header.data_start] = length_prefix(header_bytes) + header_bytes
-            _fill_tensors(old, deltas, manifest, header, entries, output, pool)
+            _fill_tensors(old, deltas, manifest, header, entries, output, pool, check)
             output.flush()
         os.fsync(handle.fileno())
 
@@ -306,6 +324,7 @@ def _fill_tensors(
     entries: dict[str, TensorEntry],
     output: mmap.mmap,
     pool: ThreadPoolExecutor | None,
+    check: Callable[[], None],
 ) -> None:
     """Decode every tensor of one shard into ``output``, hashing each as it completes.
 
@@ -325,6 +344,7 @@ def _fill_tensors(
             return size
 
         for info in header.tensors:
+            check()
             tensor = entries[info.name]
             payload = None if tensor.data is None else deltas.read(tensor.data)
             size = 0 if payload is None else len(payload)

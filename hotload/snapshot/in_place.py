@@ -24,6 +24,7 @@ import logging
 import mmap
 import os
 import tempfile
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -95,12 +96,18 @@ def _layout(header: SafetensorsHeader) -> set[tuple[str, str, tuple[int, ...], i
 
 
 def rebuild_in_place(
-    previous: Path, snapshot: Path, out: Path, manifest: Manifest, record: bytes
+    previous: Path,
+    snapshot: Path,
+    out: Path,
+    manifest: Manifest,
+    record: bytes,
+    check: Callable[[], None] = lambda: None,
 ) -> None:
     """Turn the rebuilt directory ``previous`` into ``out`` holding ``manifest``'s snapshot.
 
     The caller has verified the stored files, the previous snapshot's identity and
     digest, and the referenced files. ``record`` is the new ``hotload-rebuilt.json``.
+    ``check`` is called before each tensor; whatever it raises undoes every change.
     """
     out = out.absolute()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -113,7 +120,7 @@ def rebuild_in_place(
         _replace_files(work, snapshot, manifest, backups)
         _replace(work / REBUILT_NAME, record, backups)
         _stash_leftovers(work, manifest, backups)
-        _patch_shards(work, snapshot, manifest, backups)
+        _patch_shards(work, snapshot, manifest, backups, check)
         if out.exists():
             out.rmdir()
         os.rename(work, out)
@@ -132,7 +139,11 @@ def rebuild_in_place(
 
 
 def _patch_shards(
-    work: Path, snapshot: Path, manifest: Manifest, backups: list[tuple[Path, Path | None]]
+    work: Path,
+    snapshot: Path,
+    manifest: Manifest,
+    backups: list[tuple[Path, Path | None]],
+    check: Callable[[], None],
 ) -> None:
     """Patch every tensor in its mapped file; on any error undo every change made."""
     undo: list[_Undo] = []
@@ -164,6 +175,7 @@ def _patch_shards(
                 )
         try:
             for entry in manifest.tensors:
+                check()
                 _patch_one(words, deltas, entry, undo, raw_in_place=True)
                 _check_patched(words, entry, manifest)
         except BaseException:

@@ -1,17 +1,25 @@
-"""Parallel ranged download into ``dest.part`` with resume after a restart.
+"""Parallel ranged download into a partial file, with resume after a restart.
 
 One algorithm for every backend: it needs only ``stat`` and ``get_range``. The object is
 cut into parts of ``part_size``; ``concurrency`` workers fetch parts (each retried with
 backoff), write them in place with ``pwrite``, fsync, and record the part as done in
-``dest.part.json`` (written atomically). A process killed at any point leaves a state
+``<partial>.json`` (written atomically). A process killed at any point leaves a state
 that a later call resumes from, as long as the object's size and version tag are the
 same; otherwise it starts over. ``dest`` appears by an atomic rename only when every part
 is there. Hashes are the caller's job (the manifest knows them; storage does not).
+
+The partial file is ``dest.part`` (and its record ``dest.part.json``) unless the caller
+names a directory of its own for them (``partial``: ``data`` and ``state.json`` inside):
+the sidecar keeps them outside the snapshot's directory, where a file may well be called
+``x.part``, one directory per file. A cancelled download stops at its next part: the
+parts being written finish, nothing else starts, and the call returns only once no
+thread touches its files.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -20,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from hotload.cancellation import run_in_thread
 from hotload.errors import ChecksumMismatch, ConfigError, StorageUnavailable
 from hotload.retry import RetryPolicy
 from hotload.storage.protocol import DownloadResult, ObjectInfo, ProgressCallback
@@ -49,19 +58,30 @@ class _Plan:
         return start, min(self.size, start + self.part_size)
 
 
-def part_path(dest: Path) -> Path:
-    return dest.with_name(dest.name + PART_SUFFIX)
+def part_path(dest: Path, partial: Path | None = None) -> Path:
+    """Where the bytes of an unfinished download of ``dest`` are written."""
+    return partial / "data" if partial is not None else dest.with_name(dest.name + PART_SUFFIX)
 
 
-def state_path(dest: Path) -> Path:
+def state_path(dest: Path, partial: Path | None = None) -> Path:
+    """Which parts of that file are done."""
+    if partial is not None:
+        return partial / "state.json"
     return dest.with_name(dest.name + STATE_SUFFIX)
 
 
-def _load_done(dest: Path, plan: _Plan, key: str) -> set[int]:
+@dataclass(frozen=True)
+class _Paths:
+    dest: Path
+    part: Path
+    state: Path
+
+
+def _load_done(paths: _Paths, plan: _Plan, key: str) -> set[int]:
     """Parts a previous run finished, or nothing when its state does not match this object."""
     try:
-        state = json.loads(state_path(dest).read_text())
-        part_file_size = part_path(dest).stat().st_size
+        state = json.loads(paths.state.read_text())
+        part_file_size = paths.part.stat().st_size
     except (OSError, ValueError):
         return set()
     if (
@@ -80,7 +100,7 @@ def _load_done(dest: Path, plan: _Plan, key: str) -> set[int]:
     return {index for index in done if isinstance(index, int) and 0 <= index < plan.parts}
 
 
-def _save_done(dest: Path, plan: _Plan, key: str, done: set[int]) -> None:
+def _save_done(paths: _Paths, plan: _Plan, key: str, done: set[int]) -> None:
     state = {
         "version": _STATE_VERSION,
         "key": key,
@@ -89,7 +109,7 @@ def _save_done(dest: Path, plan: _Plan, key: str, done: set[int]) -> None:
         "part_size": plan.part_size,
         "done": sorted(done),
     }
-    target = state_path(dest)
+    target = paths.state
     temp = target.with_name(target.name + ".tmp")
     with open(temp, "w") as handle:
         json.dump(state, handle)
@@ -98,8 +118,9 @@ def _save_done(dest: Path, plan: _Plan, key: str, done: set[int]) -> None:
     os.replace(temp, target)
 
 
-def _open_part_file(dest: Path, size: int, fresh: bool) -> int:
-    path = part_path(dest)
+def _open_part_file(paths: _Paths, size: int, fresh: bool) -> int:
+    path = paths.part
+    path.parent.mkdir(parents=True, exist_ok=True)
     flags = os.O_RDWR | os.O_CREAT | (os.O_TRUNC if fresh else 0)
     fd = os.open(path, flags, 0o644)
     os.ftruncate(fd, size)
@@ -115,12 +136,15 @@ def _write_part(fd: int, offset: int, data: bytes) -> None:
     os.fsync(fd)
 
 
-def _finish(fd: int, dest: Path) -> None:
+def _finish(fd: int, paths: _Paths, partial: Path | None) -> None:
     os.fsync(fd)
     os.close(fd)
-    os.replace(part_path(dest), dest)
-    state_path(dest).unlink(missing_ok=True)
-    dir_fd = os.open(dest.parent, os.O_RDONLY)
+    os.replace(paths.part, paths.dest)
+    paths.state.unlink(missing_ok=True)
+    if partial is not None:
+        with contextlib.suppress(OSError):
+            partial.rmdir()
+    dir_fd = os.open(paths.dest.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
@@ -139,8 +163,11 @@ async def ranged_download(
     retry: RetryPolicy,
     progress: ProgressCallback | None,
     url: str,
+    partial: Path | None = None,
 ) -> DownloadResult:
-    """Fetch ``info.size`` bytes of ``key`` into ``dest`` (see the module docstring)."""
+    """Fetch ``info.size`` bytes of ``key`` into ``dest`` (see the module docstring);
+    ``partial`` is a directory of this download's own for its unfinished bytes (default:
+    ``dest.part`` beside ``dest``)."""
     if part_size <= 0 or concurrency <= 0:
         raise ConfigError(
             "part_size and concurrency must be positive",
@@ -156,12 +183,13 @@ async def ranged_download(
             size=info.size,
         )
     plan = _Plan(info.size, info.etag, part_size)
-    await asyncio.to_thread(dest.parent.mkdir, parents=True, exist_ok=True)
-    done = await asyncio.to_thread(_load_done, dest, plan, key)
+    paths = _Paths(dest, part_path(dest, partial), state_path(dest, partial))
+    await run_in_thread(dest.parent.mkdir, parents=True, exist_ok=True)
+    done = await run_in_thread(_load_done, paths, plan, key)
     resumed = sum(plan.bounds(i)[1] - plan.bounds(i)[0] for i in done)
-    fd = await asyncio.to_thread(_open_part_file, dest, plan.size, not done)
+    fd = await run_in_thread(_open_part_file, paths, plan.size, not done)
     if not done:
-        await asyncio.to_thread(_save_done, dest, plan, key, done)
+        await run_in_thread(_save_done, paths, plan, key, done)
     todo = [index for index in range(plan.parts) if index not in done]
     log.info(
         "download starting",
@@ -192,12 +220,12 @@ async def ranged_download(
             return data
 
         data = await call_with_retry(read, retry, what=f"get_range {key}")
-        await asyncio.to_thread(_write_part, fd, start, data)
+        await run_in_thread(_write_part, fd, start, data)
         async with state_lock:
             done.add(index)
             fetched += len(data)
             completed += len(data)
-            await asyncio.to_thread(_save_done, dest, plan, key, set(done))
+            await run_in_thread(_save_done, paths, plan, key, set(done))
             if progress is not None:
                 progress(completed, plan.size)
 
@@ -218,13 +246,15 @@ async def ranged_download(
             for _ in range(min(concurrency, max(1, len(todo)))):
                 group.create_task(worker())
     except BaseException as err:
-        await asyncio.to_thread(os.close, fd)
+        # Every worker has returned (the task group waited, and each write in a thread
+        # ran to its end): nothing uses the descriptor any more.
+        os.close(fd)
         if isinstance(err, BaseExceptionGroup):
             first = err.exceptions[0]
             if isinstance(first, Exception):
                 raise first from None
         raise
-    await asyncio.to_thread(_finish, fd, dest)
+    await run_in_thread(_finish, fd, paths, partial)
     log.info(
         "download finished",
         extra={"url": url, "key": key, "size": plan.size, "fetched_bytes": fetched},

@@ -2,7 +2,9 @@
 
 Writes are atomic (temp file in the same directory, fsync, rename, fsync of the
 directory), so a reader — a sidecar, a replication job — never sees half an object.
-Blocking file calls run in threads so the event loop keeps serving.
+Blocking file calls run in threads so the event loop keeps serving. A key is always a
+file inside the bucket's directory: a symlink that leads out of it is refused
+(``StorageRejected``), as an S3 bucket has no way to name another bucket's objects.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, TypeVar
 
-from hotload.errors import ObjectTooLarge
+from hotload.errors import ObjectTooLarge, StorageRejected
 from hotload.retry import RetryPolicy
 from hotload.storage.bucket_url import BucketUrl, check_key, check_prefix
 from hotload.storage.error_mapping import map_os_error
@@ -48,6 +50,16 @@ class FileStorage(RangedReadStore):
     def _path(self, key: str) -> Path:
         return self._root.joinpath(*check_key(key).split("/"))
 
+    def _inside(self, key: str, path: Path) -> Path:
+        """``path`` if it resolves inside the bucket (symlinks followed), else refused."""
+        root = os.path.realpath(self._root)
+        resolved = os.path.realpath(path)
+        if resolved != root and not resolved.startswith(root + os.sep):
+            raise StorageRejected(
+                "the key leads out of the bucket (a symlink)", url=self.url, key=key
+            )
+        return path
+
     async def _run(self, func: Callable[[], T], *, key: str | None, operation: str) -> T:
         async def attempt() -> T:
             try:
@@ -61,7 +73,7 @@ class FileStorage(RangedReadStore):
         path = self._path(key)
 
         def read() -> bytes:
-            with open(path, "rb") as handle:
+            with open(self._inside(key, path), "rb") as handle:
                 size = os.fstat(handle.fileno()).st_size
                 if size > max_bytes:
                     raise ObjectTooLarge(
@@ -86,7 +98,7 @@ class FileStorage(RangedReadStore):
             raise ValueError(f"bad range [{start}, {end})")
 
         def read() -> bytes:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(self._inside(key, path), os.O_RDONLY)
             try:
                 chunks: list[bytes] = []
                 offset = start
@@ -103,7 +115,7 @@ class FileStorage(RangedReadStore):
         return await self._run(read, key=key, operation="get_range")
 
     def _info(self, key: str, path: Path) -> ObjectInfo:
-        stat = path.stat()
+        stat = self._inside(key, path).stat()
         if not path.is_file():
             raise IsADirectoryError(21, "not a regular file", str(path))
         return ObjectInfo(
@@ -119,6 +131,7 @@ class FileStorage(RangedReadStore):
 
     def _write_atomically(self, path: Path, fill: Callable[[int], None]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self._inside(path.relative_to(self._root).as_posix(), path.parent)
         temp = path.with_name(f"{TEMP_PREFIX}{uuid.uuid4().hex}-{path.name}")
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -181,6 +194,8 @@ class FileStorage(RangedReadStore):
                         found.append(self._info(key, path))
                     except FileNotFoundError:
                         continue  # deleted while we walked
+                    except StorageRejected:
+                        continue  # a symlink out of the bucket is no object of it
             return sorted(found, key=lambda info: info.key)
 
         return await self._run(walk, key=prefix, operation="list")

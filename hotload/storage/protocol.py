@@ -88,13 +88,17 @@ class Storage(Protocol):
         part_size: int = DEFAULT_PART_SIZE,
         concurrency: int = DEFAULT_CONCURRENCY,
         progress: ProgressCallback | None = None,
+        partial: Path | None = None,
     ) -> DownloadResult:
         """Fetch ``key`` to ``dest`` with parallel ranged reads.
 
-        Writes into ``dest.part`` and records finished parts in ``dest.part.json``; a
-        download interrupted (even by a killed process) resumes from there when the
-        object is unchanged. ``dest`` appears (atomic rename) only when every byte is
-        there. The caller still verifies the file's hash: storage checks sizes only.
+        Writes into ``dest.part`` and records finished parts in ``dest.part.json`` (or,
+        given ``partial``, a directory of this download's own, into ``data`` and
+        ``state.json`` there); a download interrupted (even by a killed process) resumes
+        from there when the object is unchanged; a cancelled one stops at its next part
+        and returns only once no thread writes its files. ``dest`` appears (atomic
+        rename) only when every byte is there. The caller still verifies the file's
+        hash: storage checks sizes only.
         ``expected_size`` (from the manifest) is checked before anything is fetched.
         """
         ...

@@ -49,6 +49,7 @@ class RangedReadStore(ABC):
         part_size: int = DEFAULT_PART_SIZE,
         concurrency: int = DEFAULT_CONCURRENCY,
         progress: ProgressCallback | None = None,
+        partial: Path | None = None,
     ) -> DownloadResult:
         info = await self.stat(key)
 
@@ -66,4 +67,5 @@ class RangedReadStore(ABC):
             retry=NO_RETRY,  # get_range already retries
             progress=progress,
             url=self.url,
+            partial=partial,
         )

@@ -14,8 +14,10 @@
   ``POST /admin/pause {mode}``, ``POST /admin/resume``, ``POST /admin/reset_cache
   {policy}``, ``GET /admin/identity``, ``GET /admin/cache``.
 - Debugging for tests: ``POST /admin/logits {prompt_token_ids}`` (sha256 of the float32
-  logits, computed single-threaded, and the last position's values) and
-  ``GET /admin/weights_digest`` (sha256 of the served weights in the storage dtype).
+  logits, computed single-threaded, and the last position's values),
+  ``GET /admin/weights_digest`` (sha256 of the served weights in the storage dtype) and
+  ``POST /admin/swap_delay {seconds}`` (a slow engine: the time between reading a load's
+  files and swapping them in, for fault-injection tests).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from hotload.engines.reference.schemas import (
     LogitsRequest,
     PauseRequest,
     ResetCacheRequest,
+    SwapDelayRequest,
 )
 from hotload.errors import ConfigError, DeltaNotApplicable, EngineBusy, EngineRejected
 from hotload.mounts import host_path
@@ -242,8 +245,11 @@ def create_app(runtime: ReferenceRuntime, *, served_name: str, root: Path | None
         return {"policy": body.policy.value, "dropped": dropped}
 
     @app.get("/admin/identity")
-    async def identity() -> dict[str, Any]:
-        return runtime.describe()
+    async def identity(digest: bool = False) -> dict[str, Any]:
+        described = runtime.describe()
+        if digest:
+            described["digest"] = await runtime.tensor_digest()
+        return described
 
     @app.get("/admin/cache")
     async def cache() -> dict[str, Any]:
@@ -262,6 +268,11 @@ def create_app(runtime: ReferenceRuntime, *, served_name: str, root: Path | None
             "shape": list(digest.shape),
             "last": digest.last,
         }
+
+    @app.post("/admin/swap_delay")
+    async def swap_delay(body: SwapDelayRequest) -> dict[str, Any]:
+        runtime.swap_delay_s = body.seconds
+        return {"swap_delay_s": runtime.swap_delay_s}
 
     @app.get("/admin/weights_digest")
     async def weights_digest() -> dict[str, Any]:

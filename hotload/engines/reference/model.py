@@ -181,6 +181,17 @@ def save_snapshot(
     return directory
 
 
+def tensor_names(directory: Path) -> set[str]:
+    """Names of every tensor in a directory's safetensors files (headers only)."""
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as handle:
+            names.update(handle.keys())
+    return names
+
+
 def load_model(directory: Path, *, compute_dtype: torch.dtype = torch.float32) -> Qwen2ForCausalLM:
     """A model from a snapshot directory, strictly (the way the engine loads one)."""
     config = build_config(directory)

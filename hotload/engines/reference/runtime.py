@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ from hotload.engines.reference import tokenizer as tok
 from hotload.engines.reference.cache import DEFAULT_CAPACITY, PromptCache
 from hotload.engines.reference.weights import merge_lora, read_full_snapshot
 from hotload.errors import EngineBusy, EngineRejected
+from hotload.snapshot.digest import tensor_hash, tensor_set_digest
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +90,8 @@ class _Prepared:
     changed: dict[str, torch.Tensor] | None = None
     """Per tensor, the flat positions whose bits differ from the held ones (found beside
     serving): then only those elements are written between two tokens."""
+    aliases: dict[str, str] = field(default_factory=dict)
+    """Tied aliases the snapshot's files carried (alias → canonical name)."""
 
 
 class ReferenceRuntime:
@@ -102,6 +106,17 @@ class ReferenceRuntime:
         cache_capacity: int = DEFAULT_CAPACITY,
     ) -> None:
         self.config = config
+        self.instance_id = uuid.uuid4().hex
+        """New at every start: a sidecar tells a restarted engine by it."""
+        self.loaded = False
+        """True once weights were loaded (``--weights`` or a swap), not the seeded init."""
+        self.loading: str | None = None
+        """The identity being loaded right now, if any."""
+        self.swap_delay_s = 0.0
+        """Seconds between reading a load's files and swapping them in: a slow engine,
+        set through ``POST /admin/swap_delay`` by fault-injection tests."""
+        self._loaded_aliases: dict[str, str] = {}
+        self._digest: tuple[int, str | None] | None = None
         self.compute_dtype = compute_dtype
         self.storage_dtype = rm.storage_dtype(config)
         self._base: torch.nn.Module = rm.build_model(config, seed=seed, compute_dtype=compute_dtype)
@@ -146,15 +161,17 @@ class ReferenceRuntime:
         tensors = read_full_snapshot(
             path, expected=self._specs, aliases=self._aliases, architecture=self.config
         )
+        present = rm.tensor_names(path)
+        aliases = {a: c for a, c in self._aliases.items() if a in present}
         storage = self._storage
         if storage is None or self._serving is not self._base:
-            return _Prepared(kind, tensors=tensors)
+            return _Prepared(kind, tensors=tensors, aliases=aliases)
         # A near-identical snapshot (the next RL step): find what differs now, beside
         # serving, so the pause only writes those elements.
         changed = {
             name: delta.changed_positions(storage[name], tensor) for name, tensor in tensors.items()
         }
-        return _Prepared(kind, tensors=tensors, changed=changed)
+        return _Prepared(kind, tensors=tensors, changed=changed, aliases=aliases)
 
     def _merge_lora(self, path: Path) -> torch.nn.Module:
         return merge_lora(self._base, path)
@@ -189,6 +206,7 @@ class ReferenceRuntime:
         if self._loading:
             raise EngineBusy("another load is running", identity=identity)
         self._loading = True
+        self.loading = identity
         try:
             started = time.perf_counter()
             storage = self._storage
@@ -232,19 +250,25 @@ class ReferenceRuntime:
             return report
         finally:
             self._loading = False
+            self.loading = None
 
     async def load(self, path: Path, identity: str, kind: SnapshotKind) -> LoadReport:
         """Validate, then swap between two tokens; ``EngineRejected`` leaves the old weights."""
         if self._loading:
             raise EngineBusy("another load is running", identity=identity)
         self._loading = True
+        self.loading = identity
         try:
             started = time.perf_counter()
             prepared = await asyncio.to_thread(self._prepare, path, kind)
             read_done = time.perf_counter()
+            if self.swap_delay_s:
+                await asyncio.sleep(self.swap_delay_s)
             async with self.model_lock:
                 await asyncio.to_thread(self._apply, prepared)
                 previous, self.identity, self.kind = self.identity, identity, kind
+                self._loaded_aliases = prepared.aliases
+                self.loaded = True
                 self.swaps += 1
             report = LoadReport(
                 identity, kind, read_done - started, time.perf_counter() - read_done
@@ -263,6 +287,7 @@ class ReferenceRuntime:
             return report
         finally:
             self._loading = False
+            self.loading = None
 
     # --- pausing ---------------------------------------------------------------------
 
@@ -378,9 +403,37 @@ class ReferenceRuntime:
             digest = await asyncio.to_thread(rm.weights_digest, self._serving, self.storage_dtype)
             return digest, self.identity
 
+    async def tensor_digest(self) -> str | None:
+        """The served weights' tensor-set digest — ``manifest_digest`` of the snapshot
+        they came from when served bit for bit (None for a merged LoRA: its weights are
+        no snapshot's). Computed once per swap, under the model lock."""
+        async with self.model_lock:
+            cached = self._digest
+            if cached is not None and cached[0] == self.swaps:
+                return cached[1]
+            if self.kind is SnapshotKind.LORA:
+                value: str | None = None
+            else:
+                value = await asyncio.to_thread(self._compute_digest)
+            self._digest = (self.swaps, value)
+            return value
+
+    def _compute_digest(self) -> str:
+        stored = rm.state_for_snapshot(self._serving, self.storage_dtype)
+        hashes = {
+            name: tensor_hash(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+            for name, tensor in stored.items()
+        }
+        for alias, canonical in self._loaded_aliases.items():
+            hashes[alias] = hashes[canonical]
+        return tensor_set_digest(hashes.items())
+
     def describe(self) -> dict[str, Any]:
         return {
             "identity": self.identity,
+            "instance_id": self.instance_id,
+            "loaded": self.loaded,
+            "loading": self.loading,
             "kind": self.kind.value,
             "paused": self.paused,
             "active_generations": self._active,
@@ -391,5 +444,8 @@ class ReferenceRuntime:
 
     def load_initial(self, path: Path, identity: str) -> None:
         """Serve ``path`` (a full snapshot) from the start, before the server listens."""
-        self._apply(self._prepare(path, SnapshotKind.FULL))
+        prepared = self._prepare(path, SnapshotKind.FULL)
+        self._apply(prepared)
         self.identity, self.kind = identity, SnapshotKind.FULL
+        self._loaded_aliases = prepared.aliases
+        self.loaded = True

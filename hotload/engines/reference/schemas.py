@@ -84,3 +84,9 @@ class LogitsRequest(BaseModel):
     prompt_token_ids: Annotated[
         list[Annotated[int, Field(ge=0)]], Field(min_length=1, max_length=4096)
     ]
+
+
+class SwapDelayRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    seconds: float = Field(ge=0.0, le=600.0)

@@ -7,6 +7,11 @@ patch built here is a strategic merge of ``pods/status`` that names only our own
 condition types (conditions merge by ``type``), so the sidecar's condition is never
 replaced. ``Ready`` = every container ready AND every ``readinessGates`` condition True,
 read from the pod as the sidecar last wrote it; the runtime never writes a gate.
+
+Level-triggered: :func:`status_differs` compares what the API server holds with what the
+runtime wants there, so a difference someone else made (the controller-manager marking a
+pod ``Ready=False`` while the node lease lapsed during an API server outage, a user's
+patch) is repaired, not only the runtime's own transitions.
 """
 
 from __future__ import annotations
@@ -145,3 +150,44 @@ def status_patch(
     if generation is not None:
         body["observedGeneration"] = generation
     return {"status": body}
+
+
+def _holds(wanted: Any, held: Any) -> bool:
+    """Whether ``held`` (the server's copy) carries every value of ``wanted`` (ours).
+
+    Fields we leave out are the server's business (defaults it adds); ``None`` in ours
+    means absent; list items that are patch directives (``{"$patch": ...}``) are skipped."""
+    if isinstance(wanted, Mapping):
+        if not isinstance(held, Mapping):
+            return False
+        return all(
+            _holds(value, held.get(key))
+            for key, value in wanted.items()
+            if not str(key).startswith("$")
+        )
+    if isinstance(wanted, list):
+        items = [item for item in wanted if not (isinstance(item, Mapping) and "$patch" in item)]
+        if not isinstance(held, list) or len(held) != len(items):
+            return False
+        return all(_holds(item, other) for item, other in zip(items, held, strict=True))
+    if wanted is None:
+        return held is None
+    return bool(wanted == held)
+
+
+def status_differs(pod: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
+    """True when the pod as the server holds it lacks part of the runtime's status patch
+    ``body`` (conditions compared by type; transition and probe times ignored)."""
+    wanted = dict(body.get("status") or {})
+    held = dict(pod.get("status") or {})
+    conditions = wanted.pop("conditions", [])
+    by_type = {c.get("type"): c for c in held.get("conditions") or []}
+    for condition in conditions:
+        other = by_type.get(condition["type"])
+        if other is None:
+            return True
+        for key in ("status", "reason", "message"):
+            if condition.get(key) != other.get(key):
+                return True
+    wanted.pop("observedGeneration", None)
+    return not _holds(wanted, held)

@@ -54,7 +54,12 @@ from hotload.local.runtime.ownership import (
     plan_containers,
     pod_key,
 )
-from hotload.local.runtime.pod_status import TERMINAL_PHASES, is_ready, status_patch
+from hotload.local.runtime.pod_status import (
+    TERMINAL_PHASES,
+    is_ready,
+    status_differs,
+    status_patch,
+)
 from hotload.local.runtime.probes import parse_probe
 from hotload.local.runtime.process_ledger import ProcessLedger
 from hotload.local.runtime.processes import ProcessSpec, start_process
@@ -154,6 +159,7 @@ class PodWorker:
         self._dirty = asyncio.Event()
         self._written: dict[str, Any] | None = None
         self._written_conditions: dict[str, Mapping[str, Any]] = {}
+        self._written_held = False
         self._world_lock = asyncio.Lock()
         self._token: IssuedToken | None = None
         self._tokens: dict[str | None, str] = {}
@@ -509,16 +515,25 @@ class PodWorker:
         )
 
     async def _write_status(self) -> None:
+        """Patch our part of the status when it changed, or when the pod as the server
+        holds it no longer says it (another writer, an outage): level-triggered."""
         if not self.ip:
             return
         body = self._body()
-        if body == self._written:
+        if body == self._written and (not self._written_held or not status_differs(self.pod, body)):
             return
-        await self.deps.rest.patch(
+        if body == self._written:
+            log.info("pod status repaired (another writer changed it)", extra={"pod": self.key})
+        answer = await self.deps.rest.patch(
             f"/api/v1/namespaces/{self.namespace}/pods/{self.name}/status", body
         )
         self._written = body
         self._written_conditions = {c["type"]: c for c in body["status"]["conditions"]}
+        if isinstance(answer, dict) and answer.get("metadata", {}).get("uid") == self.uid:
+            self.pod = answer
+            # Re-assert later only what the server showed it holds: a field it stores
+            # differently than we send must never make us patch in a loop.
+            self._written_held = not status_differs(answer, body)
 
     async def _status_loop(self) -> None:
         backoff = Backoff(STATUS_WRITE_RETRY)

@@ -261,6 +261,27 @@ class SidecarHarness:
         serving_timeout: float = 120,
     ) -> Replica:
         """A pod with its RBAC (and Secret), once its engine and sidecar both answer."""
+        self.create_replica(
+            name,
+            deployment,
+            credentials=credentials,
+            sidecar_args=sidecar_args,
+            engine_args=engine_args,
+        )
+        replica = await self.addressed(name, deployment)
+        await self.wait_serving(replica, timeout=serving_timeout)
+        return replica
+
+    def create_replica(
+        self,
+        name: str,
+        deployment: str,
+        *,
+        credentials: Mapping[str, str] | None = None,
+        sidecar_args: tuple[str, ...] = (),
+        engine_args: tuple[str, ...] = ("--threads", "1"),
+    ) -> None:
+        """Create a pod with its RBAC (and Secret); the runtime starts it."""
         service_account = f"{name}-sidecar"
         self.create_rbac(service_account)
         secret = None
@@ -277,6 +298,9 @@ class SidecarHarness:
         )
         self.core.create_namespaced_pod(self.namespace, manifest)
 
+    async def addressed(self, name: str, deployment: str) -> Replica:
+        """The replica once the runtime gave its pod an address."""
+
         def addressed() -> tuple[str, str] | None:
             pod = self.pod(name)
             if pod.status and pod.status.pod_ip:
@@ -288,7 +312,6 @@ class SidecarHarness:
             name, ip, uid, self.pod_directory(name, uid), {"HOTLOAD_DEPLOYMENT": deployment}
         )
         self.replicas.append(replica)
-        await self.wait_serving(replica, timeout=serving_timeout)
         return replica
 
     async def wait_serving(self, replica: Replica, *, timeout: float = 120) -> None:
@@ -314,23 +337,29 @@ class SidecarHarness:
 
     def kill_sidecar(self, replica: Replica) -> int:
         """SIGKILL the sidecar's process, as a crash or an OOM kill would; its pid."""
-        pid = self.container_pid(replica.pod, "sidecar")
+        return self.kill(replica, "sidecar")
+
+    def kill(self, replica: Replica, container: str) -> int:
+        """SIGKILL one container's process (the runtime restarts it); its pid."""
+        pid = self.container_pid(replica.pod, container)
         os.kill(pid, signal.SIGKILL)
         return pid
 
-    async def wait_restarted(self, replica: Replica, restarts: int) -> None:
-        """Until the runtime restarted the sidecar ``restarts`` times and it answers again."""
+    async def wait_restarted(
+        self, replica: Replica, restarts: int, container: str = "sidecar"
+    ) -> None:
+        """Until the runtime restarted ``container`` ``restarts`` times and the pod answers."""
 
         def restarted() -> bool:
-            status = self.container_status(replica.pod, "sidecar")
+            status = self.container_status(replica.pod, container)
             return bool(status and status.restart_count >= restarts and status.state.running)
 
-        await eventually(restarted, timeout=60, what=f"the sidecar of {replica.pod} to restart")
+        await eventually(restarted, timeout=60, what=f"the {container} of {replica.pod} to restart")
         await self.wait_serving(replica)
 
-    def log(self, replica: Replica, container: str) -> str:
+    def log(self, replica: Replica, container: str, tail: int = 4000) -> str:
         path = replica.directory / "logs" / f"{container}.log"
-        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+        return path.read_text(errors="replace")[-tail:] if path.exists() else ""
 
     def stop_all(self) -> None:
         """Delete the pods (the runtime stops their processes within their grace)."""

@@ -35,8 +35,10 @@ async def test_new_pod_at_step_seven_replays_from_the_last_full_bit_exact(
     # The whole chain was fetched: the Full and all seven deltas, manifests included.
     assert swap["storedBytes"] == sum(p.stored_bytes for p in trainer.published)
     assert swap["fetchedBytes"] == swap["storedBytes"]
-    # Only the served snapshot stays in staging; intermediate rebuilds are gone.
-    assert sorted(p.name for p in (replica.staging / "snapshots").iterdir()) == [last.identity]
+    # The chain was rebuilt in one buffer, link after link in place: only the served
+    # snapshot stays there, the other buffer is untouched.
+    assert status["buffers"] == {"a": last.identity, "b": None, "served": "a", "handed": None}
+    assert sorted(p.name for p in (replica.staging / "buffers" / "a").iterdir()) == [last.identity]
 
 
 async def test_corrupt_delta_keeps_last_good_snapshot_until_a_full_recovers(

@@ -71,13 +71,14 @@ async def test_sync_swap_answers_425_and_the_retry_gets_the_new_policy(
     await asyncio.wait_for(started.wait(), 30)
     harness.set_target("sync", new.ref())
 
-    async def swapping() -> bool:
-        return (await harness.status(replica))["phase"] == "Swapping"
+    async def draining() -> bool:
+        return (await harness.status(replica))["phase"] == "Draining"
 
-    await eventually(swapping, timeout=30, what="the SYNC swap to wait for the stream")
+    await eventually(draining, timeout=30, what="the SYNC swap to wait for the stream")
     early = await harness.complete(replica, headers=SESSION)
     assert early.status_code == 425, early.text
     assert int(early.headers["retry-after"]) >= 1
+    assert early.headers["x-hotload-policy"] == old.identity, "a refusal names the policy too"
 
     headers, chunks = await in_flight
     assert chunks and chunks[-1]["choices"][0]["finish_reason"] is not None

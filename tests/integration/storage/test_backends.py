@@ -229,3 +229,90 @@ async def test_file_bucket_never_shows_half_written_objects(tmp_path: Path) -> N
     (tmp_path / "bucket" / "step" / f"{TEMP_PREFIX}abc-obj2").write_bytes(b"half")
     assert [info.key for info in await storage.list()] == ["step/obj"]
     assert os.listdir(tmp_path / "bucket" / "step") != []
+
+
+async def test_a_download_keeps_its_partial_file_where_the_caller_says(
+    storage: Storage, tmp_path: Path
+) -> None:
+    data = payload(128 * KIB, seed=7)
+    await storage.put("snap/x", data)
+    await storage.put("snap/x.part", b"a real file called x.part")
+    dest = tmp_path / "fetch" / "x"
+    partial = tmp_path / "partial" / "x"
+
+    def crash(done: int, total: int) -> None:
+        if done >= 64 * KIB:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        await storage.download("snap/x", dest, part_size=32 * KIB, concurrency=1, progress=crash)
+    # The first download (no partial given) left dest.part; this one keeps its own.
+    with pytest.raises(Interrupted):
+        await storage.download(
+            "snap/x", dest, part_size=32 * KIB, concurrency=1, progress=crash, partial=partial
+        )
+    assert partial.exists() and state_path(dest, partial).exists()
+    await storage.download(
+        "snap/x.part", tmp_path / "fetch" / "x.part", partial=partial.with_name("x.part")
+    )
+    result = await storage.download("snap/x", dest, part_size=32 * KIB, partial=partial)
+    assert dest.read_bytes() == data
+    assert result.resumed_bytes >= 64 * KIB
+    assert (tmp_path / "fetch" / "x.part").read_bytes() == b"a real file called x.part"
+    assert not partial.exists(), "the download's own directory goes when it is done"
+
+
+async def test_a_cancelled_download_returns_only_when_nothing_writes_its_file(
+    storage: Storage, tmp_path: Path
+) -> None:
+    import asyncio
+
+    data = payload(512 * KIB, seed=8)
+    await storage.put("obj", data)
+    dest = tmp_path / "obj"
+    started = asyncio.Event()
+
+    def progress(done: int, total: int) -> None:
+        if done > 0:
+            started.set()
+
+    task = asyncio.create_task(
+        storage.download("obj", dest, part_size=16 * KIB, concurrency=4, progress=progress)
+    )
+    await asyncio.wait_for(started.wait(), 30)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    part = part_path(dest)
+    size, mtime = part.stat().st_size, part.stat().st_mtime_ns
+    await asyncio.sleep(0.3)
+    assert (part.stat().st_size, part.stat().st_mtime_ns) == (size, mtime), "still written to"
+    result = await storage.download("obj", dest, part_size=16 * KIB)
+    assert dest.read_bytes() == data
+    assert result.resumed_bytes > 0
+
+
+async def test_file_bucket_refuses_symlinks_out_of_the_bucket(tmp_path: Path) -> None:
+    from hotload.errors import StorageRejected
+    from hotload.storage import open_storage
+
+    secret = tmp_path / "outside" / "secret"
+    secret.parent.mkdir()
+    secret.write_bytes(b"not the bucket's")
+    storage = open_storage(f"file://{tmp_path}/bucket")
+    await storage.put("snap/real", b"inside")
+    (tmp_path / "bucket" / "snap" / "leak").symlink_to(secret)
+    (tmp_path / "bucket" / "snap" / "alias").symlink_to(tmp_path / "bucket" / "snap" / "real")
+    (tmp_path / "bucket" / "escape").symlink_to(tmp_path / "outside")
+    for key in ("snap/leak", "escape/secret"):
+        with pytest.raises(StorageRejected):
+            await storage.get(key)
+        with pytest.raises(StorageRejected):
+            await storage.stat(key)
+        with pytest.raises(StorageRejected):
+            await storage.download(key, tmp_path / "dest")
+    assert await storage.get("snap/alias") == b"inside", "a link inside the bucket is fine"
+    assert [info.key for info in await storage.list("snap/")] == ["snap/alias", "snap/real"]
+    with pytest.raises(StorageRejected):
+        await storage.put("escape/planted", b"x")
+    assert not (tmp_path / "outside" / "planted").exists()

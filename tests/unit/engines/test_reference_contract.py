@@ -68,3 +68,30 @@ def test_identities_are_read_from_hotload_fields() -> None:
     assert engine.identities_of({"hotload_identity": "a"}) == ["a"]
     assert engine.identities_of({}) == []
     assert engine.prepare_request("/v1/completions", {"prompt": "x"}) == {"prompt": "x"}
+
+
+async def test_report_reads_identity_instance_and_digest() -> None:
+    recorder = Recorder(
+        {
+            ("GET", "/admin/identity"): ok(
+                {"identity": "step-1", "instance_id": "i-7", "loaded": True, "digest": "ab" * 16}
+            ),
+        }
+    )
+    engine = ReferenceEngine(BASE, recorder.client())
+    report = await engine.report(digest=True)
+    assert (report.identity, report.instance_id, report.digest) == ("step-1", "i-7", "ab" * 16)
+    assert recorder.calls() == [("GET", "/admin/identity", {"digest": ["true"]}, None)]
+    assert engine.rollback_trusted is True
+
+
+async def test_launch_weights_report_no_identity() -> None:
+    recorder = Recorder(
+        {
+            ("GET", "/admin/identity"): ok(
+                {"identity": "init", "instance_id": "i-1", "loaded": False}
+            )
+        }
+    )
+    report = await ReferenceEngine(BASE, recorder.client()).report()
+    assert (report.identity, report.instance_id, report.digest) == (None, "i-1", None)

@@ -126,3 +126,50 @@ def test_phase_follows_the_kubelet_rules() -> None:
     assert pod_phase([done_bad], "Never", "Running") == "Failed"
     assert pod_phase([done_bad], "OnFailure", "Running") == "Running"
     assert pod_phase([_view("a")], "Always", "Succeeded") == "Succeeded", "terminal stays"
+
+
+def _applied(pod: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    """The pod as the server holds it after the patch (conditions merged by type)."""
+    import copy
+
+    status = copy.deepcopy(pod["status"])
+    wanted = copy.deepcopy(body["status"])
+    for key, value in wanted.items():
+        if key == "conditions":
+            merged = {c["type"]: c for c in status.get("conditions", [])}
+            merged.update({c["type"]: dict(c) for c in value})
+            status["conditions"] = list(merged.values())
+        elif isinstance(value, list):
+            status[key] = [v for v in value if "$patch" not in v]
+        else:
+            status[key] = value
+    return {**pod, "status": status}
+
+
+def test_the_runtime_sees_a_foreign_change_to_its_conditions() -> None:
+    from hotload.local.runtime.pod_status import status_differs
+
+    pod = _pod(gate_status="True")
+    body = _patch(pod, [_view("engine"), _view("sidecar")])
+    held = _applied(pod, body)
+    assert not status_differs(held, body), "what we wrote is what the server holds"
+    # The controller-manager marks the pod unready while the node lease lapsed.
+    for condition in held["status"]["conditions"]:
+        if condition["type"] == "Ready":
+            condition.update(status="False", reason="NodeNotReady")
+    assert status_differs(held, body)
+
+
+def test_fields_the_server_adds_or_times_it_keeps_are_no_difference() -> None:
+    from hotload.local.runtime.pod_status import status_differs
+
+    pod = _pod(gate_status="True")
+    body = _patch(pod, [_view("sidecar")])
+    held = _applied(pod, body)
+    held["status"]["qosClass"] = "BestEffort"
+    held["status"]["containerStatuses"][0]["imageID"] = ""
+    for condition in held["status"]["conditions"]:
+        condition["lastTransitionTime"] = "2026-11-23T09:00:00Z"
+    assert not status_differs(held, body)
+    held["status"]["containerStatuses"][0]["restartCount"] = 7
+    assert status_differs(held, body)

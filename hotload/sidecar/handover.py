@@ -1,0 +1,171 @@
+"""Hand a verified buffer to the engine: the only step that touches traffic.
+
+The sequence (docs/engines.md): the front's gate closes the way the transition says
+(ASYNC holds new requests; SYNC refuses them with 425 and drains in-flight ones, up to a
+limit); ``buffers.json`` records the buffer as *handed* (fsync'd) before the engine sees
+its path; the engine loads (ASYNC: paused in place around it); the engine's own report
+confirms what it now serves — identity, and the weights' digest where it offers one —
+and only then is the buffer recorded as *served* and the previous one freed.
+
+A failure says whether the engine answered (:attr:`HandoverFailed.outcome_known`): an
+explicit refusal or "busy" means it did not take the load; a timeout, a lost connection
+or a server error means it may have, or may still be loading — that buffer then stays
+handed, untouched, until a settling load tells.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from hotload.api import KvCachePolicy, SnapshotKind, Transition
+from hotload.cancellation import run_in_thread
+from hotload.engines.protocol import Engine, EngineReport, PauseMode
+from hotload.errors import DigestMismatch, EngineBusy, EngineRejected, HotloadError
+from hotload.sidecar.metrics import AgentMetrics
+from hotload.sidecar.planning import Slot, Staged
+from hotload.sidecar.staging import StagingArea
+from hotload.sidecar.swap_gate import SwapGate
+
+log = logging.getLogger(__name__)
+
+#: How long a failing resume is retried: an engine left paused holds every request.
+RESUME_RETRY_S = 30.0
+
+
+class HandoverFailed(Exception):
+    """The handover failed; ``outcome_known`` says whether the engine took no load."""
+
+    def __init__(self, error: BaseException, *, outcome_known: bool) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.outcome_known = outcome_known
+
+
+class Handover:
+    """Hands buffers of one staging area to one engine, behind one swap gate."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        staging: StagingArea,
+        gate: SwapGate,
+        metrics: AgentMetrics,
+        *,
+        drain_timeout_s: float,
+    ) -> None:
+        self.engine = engine
+        self.staging = staging
+        self.gate = gate
+        self.metrics = metrics
+        self.drain_timeout_s = drain_timeout_s
+
+    async def hand(
+        self,
+        slot: Slot,
+        staged: Staged,
+        *,
+        served: Slot | None,
+        transition: Transition,
+        cache_policy: KvCachePolicy | None,
+        on_swapping: Callable[[], None],
+    ) -> EngineReport:
+        """Load ``staged`` from ``slot`` into the engine; the engine's report afterwards.
+
+        ``served`` is the buffer served until now (its role is kept until the engine
+        confirmed the new one). ``on_swapping`` is called once the gate is closed and
+        drained: from then on the job is in the engine's hands and is not preempted.
+        """
+        path = self.staging.engine_path(slot, staged.identity)
+        async with self.gate.swapping(transition, self.drain_timeout_s):
+            on_swapping()
+            if slot != served:
+                # The served buffer needs no mark (it is never written while served); a
+                # buffer handed earlier with its outcome unknown keeps its own until the
+                # engine confirms this load, which tells that load is over too.
+                await run_in_thread(self.staging.set_roles, served, slot)
+            await self._load(path, staged, transition)
+            report = await self._confirm(staged)
+            await run_in_thread(self.staging.set_roles, slot, None)
+            if cache_policy is not None:
+                await self._apply_cache_policy(cache_policy)
+        return report
+
+    async def _load(self, path: Path, staged: Staged, transition: Transition) -> None:
+        kind = staged.kind
+        if transition is Transition.ASYNC:
+            try:
+                await self.engine.pause(PauseMode.IN_PLACE)
+            except HotloadError as err:
+                raise HandoverFailed(err, outcome_known=True) from err
+            try:
+                await self._load_weights(path, staged.identity, kind)
+            finally:
+                await self._resume()
+        else:
+            await self._load_weights(path, staged.identity, kind)
+
+    async def _load_weights(self, path: Path, identity: str, kind: SnapshotKind) -> None:
+        try:
+            await self.engine.load_weights(path, identity, kind=kind)
+        except (EngineRejected, EngineBusy) as err:
+            raise HandoverFailed(err, outcome_known=True) from err
+        except Exception as err:  # a timeout, a lost answer, a server error: unknown
+            raise HandoverFailed(err, outcome_known=False) from err
+
+    async def _resume(self) -> None:
+        """Resume, retrying for a while: a paused engine holds every request."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RESUME_RETRY_S
+        delay = 0.2
+        while True:
+            try:
+                await self.engine.resume()
+                return
+            except HotloadError as err:
+                if loop.time() >= deadline:
+                    log.error("the engine did not resume", extra={"error": str(err)})
+                    self.metrics.failures.labels(reason=err.reason).inc()
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def _confirm(self, staged: Staged) -> EngineReport:
+        """The engine's own word that it serves ``staged``, digest included where offered."""
+        try:
+            report = await self.engine.report(digest=True)
+        except Exception as err:
+            raise HandoverFailed(err, outcome_known=False) from err
+        if report.identity != staged.identity:
+            error = DigestMismatch(
+                "after the load the engine names other weights",
+                expected=staged.identity,
+                found=report.identity,
+            )
+            raise HandoverFailed(error, outcome_known=True)
+        if (
+            report.digest is not None
+            and staged.digest is not None
+            and report.digest != staged.digest
+        ):
+            error = DigestMismatch(
+                "the engine's weights differ from the verified snapshot",
+                snapshot=staged.identity,
+                expected=staged.digest,
+                found=report.digest,
+            )
+            raise HandoverFailed(error, outcome_known=True)
+        return report
+
+    async def _apply_cache_policy(self, policy: KvCachePolicy) -> None:
+        """The KV-cache policy after a swap; a refusal is recorded, the swap stands."""
+        try:
+            await self.engine.reset_cache(policy)
+        except HotloadError as err:
+            self.metrics.failures.labels(reason=err.reason).inc()
+            log.warning(
+                "KV-cache policy not applied after the swap",
+                extra={"policy": policy.value, "error": str(err)},
+            )
