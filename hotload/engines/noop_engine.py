@@ -57,7 +57,7 @@ class NoopEngine:
         self.loads.append((path, identity, kind))
         self._identity = identity
 
-    async def pause(self, mode: PauseMode) -> None:
+    async def pause(self, mode: PauseMode, *, cache_policy: KvCachePolicy | None = None) -> None:
         self._paused = True
 
     async def resume(self) -> None:

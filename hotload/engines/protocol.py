@@ -107,8 +107,10 @@ class Engine(Protocol):
         """
         ...
 
-    async def pause(self, mode: PauseMode) -> None:
-        """Hold generation (see :class:`PauseMode`); idempotent."""
+    async def pause(self, mode: PauseMode, *, cache_policy: KvCachePolicy | None = None) -> None:
+        """Hold generation (see :class:`PauseMode`); idempotent. ``cache_policy`` (the
+        target's) lets an engine that must know it at pause time apply it there; None
+        keeps the cache."""
         ...
 
     async def resume(self) -> None:

@@ -107,7 +107,7 @@ class ReferenceEngine(HttpEngine):
             )
         self._raise_for(response, "apply_delta", identity=identity, path=str(path))
 
-    async def pause(self, mode: PauseMode) -> None:
+    async def pause(self, mode: PauseMode, *, cache_policy: KvCachePolicy | None = None) -> None:
         response = await self._http.request("POST", "/admin/pause", json={"mode": mode.value})
         self._raise_for(response, "pause")
 

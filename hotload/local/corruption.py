@@ -85,6 +85,7 @@ class CorruptingBucket:
         part_size: int = DEFAULT_PART_SIZE,
         concurrency: int = DEFAULT_CONCURRENCY,
         progress: ProgressCallback | None = None,
+        partial: Path | None = None,
     ) -> DownloadResult:
         return await self._inner.download(
             key,
@@ -93,6 +94,7 @@ class CorruptingBucket:
             part_size=part_size,
             concurrency=concurrency,
             progress=progress,
+            partial=partial,
         )
 
     async def put(self, key: str, data: bytes) -> None:

@@ -86,18 +86,24 @@ class Handover:
                 # buffer handed earlier with its outcome unknown keeps its own until the
                 # engine confirms this load, which tells that load is over too.
                 await run_in_thread(self.staging.set_roles, served, slot)
-            await self._load(path, staged, transition)
+            await self._load(path, staged, transition, cache_policy)
             report = await self._confirm(staged)
             await run_in_thread(self.staging.set_roles, slot, None)
             if cache_policy is not None:
                 await self._apply_cache_policy(cache_policy)
         return report
 
-    async def _load(self, path: Path, staged: Staged, transition: Transition) -> None:
+    async def _load(
+        self,
+        path: Path,
+        staged: Staged,
+        transition: Transition,
+        cache_policy: KvCachePolicy | None,
+    ) -> None:
         kind = staged.kind
         if transition is Transition.ASYNC:
             try:
-                await self.engine.pause(PauseMode.IN_PLACE)
+                await self.engine.pause(PauseMode.IN_PLACE, cache_policy=cache_policy)
             except HotloadError as err:
                 raise HandoverFailed(err, outcome_known=True) from err
             try:
