@@ -51,7 +51,7 @@ from hotload.api import (
 )
 from hotload.api.pod import ANNOTATION_SINCE, ANNOTATION_SNAPSHOT, ANNOTATION_VIA
 from hotload.api.reasons import INTERNAL_ERROR
-from hotload.cancellation import CancelToken, run_cancellable, run_in_thread
+from hotload.cancellation import Cancelled, CancelToken, run_cancellable, run_in_thread
 from hotload.engines.protocol import Engine, EngineReport
 from hotload.errors import HotloadError, NotFound
 from hotload.sidecar.config import AgentConfig
@@ -590,11 +590,11 @@ class SidecarAgent:
         try:
             await body
         except asyncio.CancelledError:
-            log.info(
-                "job cancelled",
-                extra={**self._context(), "job": running.job.value},
-            )
+            log.info("job cancelled", extra={**self._context(), "job": running.job.value})
             raise
+        except Cancelled:
+            # A thread stopped at its next chunk because the job was preempted: no failure.
+            log.info("job stopped at a chunk", extra={**self._context(), "job": running.job.value})
         except (BuildFailed, HandoverFailed, HotloadError, Exception) as err:
             await self._failed(running, err)
         finally:

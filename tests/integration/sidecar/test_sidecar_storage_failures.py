@@ -119,7 +119,7 @@ async def test_sidecar_killed_mid_download_resumes_and_serves_only_verified_weig
         lambda: _bytes_done(harness, replica, 3 * 16384), timeout=60, what="a third of the download"
     )
     harness.kill_sidecar(replica)
-    partial = list((replica.staging / "fetch" / full.identity).glob("*.part"))
+    partial = list((replica.staging / "partial" / full.identity).rglob("data"))
     assert partial, "the killed download left its partial file in staging"
     assert (await harness.engine_identity(replica))["identity"] == "init"
 
