@@ -3,8 +3,14 @@
 Each subcommand lives in its own module with its own ``typer.Typer`` and is imported only
 when it runs (:mod:`hotload.cli.lazy_group`): ``hotload --help`` imports none of them.
 Keep each module's top-level imports light (typer, the standard library); heavy imports
-(torch, kopf, the engines, the snapshot codec) go inside the command functions. Exit
-codes: 0 ok, 1 failed, 2 usage.
+(torch, kopf, the engines, the snapshot codec) go inside the command functions.
+
+Errors (:func:`main`): every one is a single line on stderr naming its reason,
+``error [<Reason>]: <what is wrong, and where>`` — the reason of a typed error
+(``ChainBroken``, ``ConfigInvalid``, ...), ``Usage`` for invalid arguments (after the
+command's usage line), ``NotFound``/``AccessDenied``/``IOError`` for a file the system
+refused, ``InternalError`` for a bug (its traceback only with ``--log-level debug``).
+Exit codes: 0 ok, 1 failed, 2 usage (invalid arguments, flags, settings), 130 interrupted.
 
 **Adding a subcommand** is one line in :data:`SUBCOMMANDS` below::
 
@@ -19,8 +25,10 @@ listed the same way in :data:`hotload.cli.local.LOCAL_SUBCOMMANDS`.
 
 from __future__ import annotations
 
+import logging
 import sys
-from typing import Final
+import traceback
+from typing import Final, NoReturn
 
 import typer
 
@@ -105,10 +113,57 @@ def root(
     logs.configure(log_level)
 
 
-def main() -> None:
-    """Entry point: typed errors become one clear line on stderr and exit code 1."""
+#: The reason word of an invalid command line.
+USAGE_REASON: Final = "Usage"
+#: Typed errors that mean "the input is wrong" (exit 2), not "the work failed" (exit 1).
+_USAGE_ERRORS: Final = ("ConfigInvalid", "Invalid")
+
+
+def _fail(reason: str, message: str, code: int) -> NoReturn:
+    typer.echo(f"error [{reason}]: {message}", err=True)
+    sys.exit(code)
+
+
+def _os_reason(err: OSError) -> str:
+    if isinstance(err, FileNotFoundError | NotADirectoryError):
+        return "NotFound"
+    if isinstance(err, PermissionError):
+        return "AccessDenied"
+    return "IOError"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: errors become one line naming their reason (see the module doc)."""
+    # typer carries its own click: its exceptions, not the click package's, reach us.
+    from typer._click import exceptions as click
+
     try:
-        app()
+        code = app(args=argv, prog_name="hotload", standalone_mode=False)
+    except click.NoArgsIsHelpError as err:
+        typer.echo(err.format_message())
+        sys.exit(2)
+    except click.UsageError as err:
+        if err.ctx is not None:
+            typer.echo(err.ctx.get_usage(), err=True)
+            typer.echo(f"Try '{err.ctx.command_path} --help' for help.", err=True)
+        _fail(USAGE_REASON, err.format_message(), 2)
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as err:
+        _fail(type(err).__name__, err.format_message(), err.exit_code)
     except HotloadError as err:
-        typer.echo(f"error: {err}", err=True)
-        sys.exit(1)
+        _fail(err.reason, str(err), 2 if err.reason in _USAGE_ERRORS else 1)
+    except OSError as err:
+        where = f" ({err.filename})" if err.filename else ""
+        _fail(_os_reason(err), f"{err.strerror or err}{where}", 1)
+    except Exception as err:  # a bug: one line, the traceback only when debugging
+        if logging.getLogger().isEnabledFor(logging.DEBUG):
+            traceback.print_exc()
+        hint = (
+            ""
+            if logging.getLogger().isEnabledFor(logging.DEBUG)
+            else (" (run with --log-level debug for the traceback)")
+        )
+        _fail("InternalError", f"{type(err).__name__}: {err}{hint}", 1)
+    sys.exit(code if isinstance(code, int) else 0)
