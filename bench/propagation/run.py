@@ -538,12 +538,22 @@ def main() -> None:
     )
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--log-level", default="WARNING", help="Of the region's pods.")
+    parser.add_argument(
+        "--agent",
+        choices=["sidecar", "echo"],
+        default="sidecar",
+        help="sidecar: the real agent (default); echo: a stand-in that reports "
+        "each target at once (the control plane's share alone).",
+    )
     parser.add_argument("--results", type=Path, default=REPO / "bench" / "propagation")
     args = parser.parse_args()  # fmt: skip
 
     # The pods inherit the runtime's log level: a thousand agents logging every fetch at INFO
     # into one shared host would measure the logger. The operator logs warnings too.
     os.environ.setdefault("HOTLOAD_LOG_LEVEL", args.log_level)
+    if args.agent == "echo":
+        # Control plane only: each replica reports a target as loaded the moment it sees it.
+        os.environ["HOTLOAD_RUNTIME_AGENT_FACTORY"] = "bench.propagation.echo_agent:run"
     nodes = max(1, -(-max(args.replicas) // PODS_PER_NODE)) + 1
     work = Path(tempfile.mkdtemp(prefix="hotload-bench-propagation-"))
     state = work / "state"
@@ -585,6 +595,7 @@ def write_results(args: argparse.Namespace, results: list[SizeResult]) -> None:
     document = {
         "benchmark": "propagation: PolicySnapshot applied → each replica serves it (noop engine, "
         "shared mode, chart-installed operator)",
+        "agent": args.agent,
         "command": " ".join(shlex.quote(part) for part in [sys.executable, *sys.argv]),
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
