@@ -117,15 +117,6 @@ class KubeExecutor:
 
     # --- reads -------------------------------------------------------------------------
 
-    async def list_pods(self, namespace: str, selector: str) -> Body:
-        self._count("list", "pods")
-        with kube_errors(namespace=namespace, resource="pods"):
-            return await _json(
-                self._core.list_namespaced_pod(
-                    namespace, label_selector=selector, _preload_content=False
-                )
-            )
-
     async def list_snapshots(self, namespace: str) -> Body:
         self._count("list", SNAPSHOTS)
         with kube_errors(namespace=namespace, resource=SNAPSHOTS):

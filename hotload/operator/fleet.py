@@ -1,10 +1,11 @@
 """The running reconcilers, and the routing of watch events to them.
 
 kopf calls one handler per watch event; each handler only hands the body to the
-reconciler(s) it concerns (a pod to its deployment's, a PolicySnapshot to every
-deployment's in its namespace) and returns. Events for a deployment whose reconciler
-is not running (not started yet, or this replica is not the peering leader) are
-dropped: a reconciler seeds its view with a LIST when it starts. Snapshots of a deployment
+reconciler(s) it concerns (an owned object to its deployment's, a PolicySnapshot to every
+deployment's in its namespace) and returns; pods are watched by each reconciler itself.
+Events for a deployment whose reconciler is not running (not started yet, or this replica
+is not the peering leader) are dropped: a reconciler seeds its view with a LIST when it
+starts. Snapshots of a deployment
 that has no reconciler at all are marked by :mod:`hotload.operator.orphans`.
 """
 
@@ -72,11 +73,6 @@ class Fleet:
         reconciler = self.get(_namespace(body), str(metadata.get("name") or ""))
         if reconciler is not None:
             reconciler.on_deployment(body)
-
-    def pod_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
-        reconciler = self.get(_namespace(body), _labels(body).get(INSTANCE_LABEL, ""))
-        if reconciler is not None:
-            reconciler.on_pod(event_type, body)
 
     def owned_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         reconciler = self.get(_namespace(body), _labels(body).get(INSTANCE_LABEL, ""))

@@ -3,8 +3,10 @@
 - one daemon per RolloutDeployment runs its reconciler (kopf runs daemons only on the
   peering leader and stops them on deletion or pause; it keeps the finalizer
   ``hotload.dev/operator`` on the deployment while the daemon runs);
-- watch-event handlers for the deployments, their pods, their owned objects and the
-  PolicySnapshots hand each body to the fleet, which pokes the reconciler concerned.
+- watch-event handlers for the deployments, their owned objects and the PolicySnapshots
+  hand each body to the fleet, which pokes the reconciler concerned. Replica pods are
+  watched by each reconciler itself (``pod_watch.py``: kopf's per-event cost is too high
+  for a thousand replicas).
 
 The operator never writes pods; pods and owned objects are watched with a server-side
 label selector, so the operator sees only replicas and objects it made.
@@ -70,7 +72,6 @@ def configure_settings(settings: kopf.OperatorSettings, options: OperatorOptions
     settings.watching.connect_timeout = 10
     settings.networking.request_timeout = 60
     settings.networking.connect_timeout = 10
-    settings.watching.label_selectors["pods"] = MANAGED_SELECTOR
     for _group, _version, plural in OWNED_RESOURCES:
         settings.watching.label_selectors[plural] = MANAGED_SELECTOR
 
@@ -116,10 +117,6 @@ def build_registry(fleet: Fleet, options: OperatorOptions) -> kopf.OperatorRegis
     @kopf.on.event(GROUP, VERSION, SNAPSHOTS, registry=registry)
     async def snapshot_changed(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None:
         fleet.snapshot_event(_event_type(event), body)
-
-    @kopf.on.event("", "v1", "pods", labels={MANAGED_BY_LABEL: MANAGED_BY}, registry=registry)
-    async def pod_changed(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None:
-        fleet.pod_event(_event_type(event), body)
 
     for group, version, plural in OWNED_RESOURCES:
 

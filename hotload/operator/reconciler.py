@@ -1,13 +1,14 @@
 """One RolloutDeployment's reconcile loop: observe, plan, execute, repeat.
 
 It runs as the deployment's kopf daemon (so it runs only on the peering leader, and
-stops when the deployment is deleted or the operator pauses). Watch events of the
-deployment, its pods, its owned objects and the namespace's PolicySnapshots update its
-view and poke it (``batching.Wakeup``); it reconciles after the batch window, and at
-least every ``resync_s`` anyway. Each reconcile plans from the whole view
-(``plan.plan_deployment``) and writes only the differences. Its view is seeded by a
-LIST when it starts, after any failed call (an API outage may have hidden deletions),
-and every ``relist_s``: nothing depends on having seen every event.
+stops when the deployment is deleted or the operator pauses). Its own watch of the
+deployment's pods (``pod_watch.PodWatch``) and kopf's watch events of the deployment,
+its owned objects and the namespace's PolicySnapshots update its view and poke it
+(``batching.Wakeup``); it reconciles after the batch window, and at least every
+``resync_s`` anyway. Each reconcile plans from the whole view (``plan.plan_deployment``)
+and writes only the differences. Its view is seeded by LISTs when it starts, after any
+failed call (an API outage may have hidden deletions), and every ``relist_s``: nothing
+depends on having seen every event.
 """
 
 from __future__ import annotations
@@ -43,11 +44,17 @@ from hotload.operator.plan import (
     ObservedDeployment,
     plan_deployment,
 )
+from hotload.operator.pod_watch import PodWatch
 from hotload.operator.pods import PodReport, parse_time, pod_report
 from hotload.operator.rollout import ChainVerdict, SnapshotInfo
 from hotload.operator.snapshot_status import ObservedSnapshot
 from hotload.operator.store import Versioned, VersionedStore, is_newer
-from hotload.operator.workload import label_selector, render_workload
+from hotload.operator.workload import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    label_selector,
+    render_workload,
+)
 from hotload.retry import Backoff, RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -181,6 +188,7 @@ class DeploymentReconciler:
             self.wakeup.poke(urgent=urgent)
 
     def on_pod(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """One watch event of a replica pod (from :class:`PodWatch`)."""
         report = pod_report(body)
         if report is None or report.deployment != self.name:
             return
@@ -202,6 +210,8 @@ class DeploymentReconciler:
             if self._snapshots.delete(name, uid, version):
                 self.wakeup.poke(urgent=True)
             return
+        if self._snapshots.holds(name, version):
+            return  # our own write coming back: its response is what we hold already
         observed = observed_snapshot(body)
         if observed is None:
             return
@@ -221,11 +231,42 @@ class DeploymentReconciler:
 
     # --- the loop -------------------------------------------------------------------------
 
+    def on_pod_list(self, items: list[Mapping[str, Any]], version: str) -> None:
+        """A fresh LIST of the deployment's pods: what it lacks and is older is gone."""
+        listed: dict[str, Versioned[PodReport]] = {}
+        for item in items:
+            report = pod_report(item)
+            if report is not None and report.deployment == self.name:
+                listed[report.name] = Versioned(report.uid, report.resource_version, report)
+        self._pods.reseed(listed, version)
+        self.wakeup.poke()
+
+    def pod_watch(self) -> PodWatch:
+        """The list+watch of this deployment's pods that feeds :meth:`on_pod`."""
+        return PodWatch(
+            lambda: self._executor.api,
+            self.namespace,
+            f"{label_selector(self.name)},{MANAGED_BY_LABEL}={MANAGED_BY}",
+            self.on_pod_list,
+            self.on_pod,
+        )
+
     async def run(self) -> None:
         """Reconcile until cancelled (kopf cancels it when the daemon stops)."""
+        watch = self.pod_watch()
+        watching = asyncio.create_task(watch.run(), name=f"pods of {self.namespace}/{self.name}")
+        try:
+            log.info("reconciler started", extra=self._context())
+            await watch.listed.wait()  # never plan on a partial view of the replicas
+            await self._loop()
+        finally:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
+
+    async def _loop(self) -> None:
         backoff = Backoff(self._timing.retry)
         last_list = 0.0
-        log.info("reconciler started", extra=self._context())
         while True:
             try:
                 if not self._seeded or time.monotonic() - last_list > self._timing.relist_s:
@@ -251,13 +292,7 @@ class DeploymentReconciler:
             await self.wakeup.wait(self._timing.resync_s)
 
     async def _seed(self) -> None:
-        pods = await self._executor.list_pods(self.namespace, label_selector(self.name))
-        listed_pods: dict[str, Versioned[PodReport]] = {}
-        for item in pods.get("items") or []:
-            report = pod_report(item)
-            if report is not None and report.deployment == self.name:
-                listed_pods[report.name] = Versioned(report.uid, report.resource_version, report)
-        self._pods.reseed(listed_pods, str((pods.get("metadata") or {}).get("resourceVersion")))
+        """List the namespace's PolicySnapshots afresh (the pods have their own watch)."""
         snapshots = await self._executor.list_snapshots(self.namespace)
         listed: dict[str, Versioned[ObservedSnapshot]] = {}
         for item in snapshots.get("items") or []:

@@ -60,6 +60,11 @@ class VersionedStore(Generic[V]):
         item = self._items.get(name)
         return item.value if item else None
 
+    def holds(self, name: str, resource_version: str) -> bool:
+        """True when this exact version of the object is what we hold (nothing to parse)."""
+        item = self._items.get(name)
+        return item is not None and item.resource_version == resource_version
+
     def values(self) -> list[V]:
         return [item.value for item in self._items.values()]
 

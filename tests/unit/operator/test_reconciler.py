@@ -35,9 +35,6 @@ class RecordingExecutor:
         body["metadata"]["resourceVersion"] = str(self.version)
         return body
 
-    async def list_pods(self, namespace: str, selector: str) -> dict[str, Any]:
-        return {"metadata": {"resourceVersion": str(self.version)}, "items": self.pods}
-
     async def list_snapshots(self, namespace: str) -> dict[str, Any]:
         items = list(self.snapshots.values())
         return {"metadata": {"resourceVersion": str(self.version)}, "items": items}
@@ -142,6 +139,7 @@ async def test_a_break_is_recorded_on_its_snapshot_before_the_target_moves_back(
     loop = reconciler(executor)
     executor.pods = [pod_body(i, 10 + i, snapshot="s0", target="s0", state="Ready")
                      for i in range(2)]  # fmt: skip
+    loop.on_pod_list(executor.pods, str(executor.version))
     await loop._seed()
     await loop.reconcile()
     assert executor.deployment["status"]["targetSnapshot"]["identity"] == "s1"
@@ -161,6 +159,7 @@ async def test_a_reconcile_that_finds_nothing_new_writes_nothing() -> None:
     loop = reconciler(executor)
     executor.pods = [pod_body(i, 10 + i, snapshot="s0", target="s0", state="Ready")
                      for i in range(2)]  # fmt: skip
+    loop.on_pod_list(executor.pods, str(executor.version))
     await loop._seed()
     await loop.reconcile()
     await loop.reconcile()  # a second pass: the first one's writes are its view now
@@ -176,6 +175,7 @@ async def test_count_only_deployment_writes_are_coalesced_but_target_moves_are_n
     executor.pods = [pod_body(0, 10, snapshot="s0", target="s0", state="Ready")] + [
         pod_body(i, 10 + i, target="s0", state="Loading") for i in (1, 2)
     ]
+    loop.on_pod_list(executor.pods, str(executor.version))
     await loop._seed()
     await loop.reconcile()  # the target moves: written at once
     assert executor.deployment["status"]["targetSnapshot"]["identity"] == "s0"
