@@ -11,6 +11,10 @@ chain a region broke, a publish that reports success for a region it never reach
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -33,6 +37,7 @@ from ...unit.snapshot.models import base_tensors, next_step, write_model
 pytestmark = pytest.mark.cluster
 
 DEPLOYMENT = "pub"
+HOTLOAD = str(Path(sys.executable).parent / "hotload")
 
 
 def deployment(bucket: Path) -> dict[str, Any]:
@@ -259,3 +264,57 @@ def test_wait_reports_ready_and_a_broken_chain_brings_a_full_at_once(scene: Scen
     assert delta.fallback.step == 1
     assert {r.outcome for r in delta.fallback.regions.values()} == {RegionOutcome.READY}
     assert delta.ok
+
+
+def _hotload(*args: str, kubeconfig: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [HOTLOAD, "--log-level", "warning", *args, "--kubeconfig", str(kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+
+
+def test_the_cli_publishes_directories_that_chain_and_gc_keeps_what_regions_need(
+    scene: Scene,
+) -> None:
+    contexts = [part for name in scene.regions.names for part in ("--context", name)]
+    common = ["-d", DEPLOYMENT, "-n", scene.namespace, "--prefix", "cli", *contexts]
+    workdir = ["--workdir", str(scene.workdir)]
+    answers = []
+    for step in (0, 1):
+        done = _hotload(
+            "publish", str(scene.weights[step]), "--step", str(step), *common, *workdir,
+            "-o", "json", kubeconfig=scene.regions.kubeconfig,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        answers.append(json.loads(done.stdout))
+    full, delta = answers
+    assert (full["identity"], full["kind"], full["why"]) == ("cli-step-0-full", "Full", "first")
+    assert (delta["identity"], delta["kind"], delta["previous"]) == (
+        "cli-step-1",
+        "Incremental",
+        "cli-step-0-full",
+    )
+    assert {r["outcome"] for r in delta["regions"].values()} == {"Applied"}
+    assert delta["storedBytes"] < full["storedBytes"]
+
+    # A step older than the last is refused: a usage error, named, nothing published.
+    stale = _hotload(
+        "publish", str(scene.weights[2]), "--step", "0", *common, *workdir,
+        kubeconfig=scene.regions.kubeconfig,
+    )  # fmt: skip
+    assert stale.returncode != 0 and "forward" in stale.stderr
+
+    # Both snapshots are retained in every region: gc keeps them all.
+    gc = _hotload(
+        "gc", *common, "--min-age", "0", "--dry-run", "-o", "json",
+        kubeconfig=scene.regions.kubeconfig,
+    )  # fmt: skip
+    assert gc.returncode == 0, gc.stderr
+    plan = json.loads(gc.stdout)
+    assert plan["needed"] == ["cli-step-0-full", "cli-step-1"]
+    assert all(bucket["deleted"] == [] for bucket in plan["buckets"])
+    assert len(plan["buckets"]) == len(scene.regions.names)
