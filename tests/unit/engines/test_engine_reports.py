@@ -1,0 +1,78 @@
+"""What SGLang and vLLM say they serve (``Engine.report``), and the restart signals.
+
+Issue item 7: before any update both engines report ``"default"`` (not none), and after a
+restart their launch value again; vLLM's dev-mode ``/server_info`` names its instance.
+Answers are the released handlers' (checked by :func:`answer`), requests the released
+routes' (:class:`ReleasedRecorder`).
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from hotload.engines import SGLangEngine, VLLMEngine
+from hotload.engines.protocol import EngineReport
+from tests.unit.engines.released import SGLANG, VLLM, ReleasedRecorder, answer
+
+SGLANG_URL = "http://10.0.0.1:30000"
+VLLM_URL = "http://10.0.0.2:8000"
+
+
+def model_info(version: str, path: str) -> httpx.Response:
+    payload = {"model_path": path, "served_model_name": path, "weight_version": version}
+    return answer(SGLANG, "GET", "/model_info", payload)
+
+
+def weight_info(version: str) -> httpx.Response:
+    return answer(VLLM, "GET", "/weight_info", {"weight_version": version})
+
+
+def server_info(instance: str) -> httpx.Response:
+    payload = {"vllm_config": {"instance_id": instance}, "vllm_env": {}, "system_env": {}}
+    return answer(VLLM, "GET", "/server_info", payload)
+
+
+async def test_sglang_reports_nothing_loaded_at_launch_then_the_version_then_a_restart() -> None:
+    recorder = ReleasedRecorder(
+        {
+            ("GET", "/model_info"): [
+                model_info("default", "/models/base"),
+                model_info("step-4", "/var/lib/hotload/staging/a/step-4"),
+                model_info("default", "/models/base"),  # the process restarted
+            ]
+        },
+        contract=SGLANG,
+    )
+    sglang = SGLangEngine(SGLANG_URL, recorder.client())
+    assert await sglang.report() == EngineReport(None, None, None)
+    assert await sglang.report() == EngineReport("step-4", None, None)
+    assert await sglang.report() == EngineReport(None, None, None)
+
+
+async def test_vllm_reports_its_instance_so_a_restart_shows_even_with_a_version_set() -> None:
+    recorder = ReleasedRecorder(
+        {
+            ("GET", "/weight_info"): [
+                weight_info("default"),
+                weight_info("step-4"),
+                weight_info("step-4"),  # restarted, and someone set the version again
+            ],
+            ("GET", "/server_info"): [server_info("100"), server_info("100"), server_info("200")],
+        },
+        contract=VLLM,
+    )
+    vllm = VLLMEngine(VLLM_URL, recorder.client())
+    assert await vllm.report() == EngineReport(None, "100", None)
+    assert await vllm.report() == EngineReport("step-4", "100", None)
+    assert await vllm.report() == EngineReport("step-4", "200", None)
+
+
+async def test_neither_reports_a_manifest_digest_even_when_asked() -> None:
+    """Their checksums are of their own fused parameters; verifyDigest checks them inside
+    the adapter instead (test_*_released.py)."""
+    recorder = ReleasedRecorder(
+        {("GET", "/weight_info"): weight_info("s"), ("GET", "/server_info"): server_info("1")},
+        contract=VLLM,
+    )
+    report = await VLLMEngine(VLLM_URL, recorder.client(), verify_digest=True).report(digest=True)
+    assert report.digest is None
