@@ -282,9 +282,14 @@ async def test_wait_mode_lets_in_flight_requests_finish_on_the_old_weights(
     engine: ReferenceEngine, publish: Publish
 ) -> None:
     await engine.load_weights(publish("step-1", 1), "step-1", kind=SnapshotKind.FULL)
-    in_flight = asyncio.create_task(complete(engine, PROBE, max_tokens=40))
-    while (await admin(engine, "GET", "/admin/identity"))["active_generations"] == 0:
-        await asyncio.sleep(0.01)
+    in_flight = asyncio.create_task(complete(engine, PROBE, max_tokens=400))
+
+    async def generating() -> bool:
+        if in_flight.done():
+            raise AssertionError("the completion ended before it was seen running")
+        return bool((await admin(engine, "GET", "/admin/identity"))["active_generations"])
+
+    assert await wait_until_async(generating, 60, interval_s=0.01), "never seen generating"
     await engine.pause(PauseMode.WAIT)  # returns once in-flight generations are done
     assert (await admin(engine, "GET", "/admin/identity"))["active_generations"] == 0
     await engine.load_weights(publish("step-2", 2), "step-2", kind=SnapshotKind.FULL)
