@@ -160,6 +160,9 @@ class _Memory:
     the engine is known to be done with them."""
     unstaged_checked: set[tuple[str, str | None]] = field(default_factory=set)
     """(identity, instance) the engine named that no bucket manifest confirmed."""
+    weights_unknown: bool = False
+    """A load failed where a rollback is not trusted: the engine's label proves nothing
+    until a load completes (the served buffer is reloaded)."""
 
 
 class SidecarAgent:
@@ -489,7 +492,9 @@ class SidecarAgent:
             answered=report is not None,
             at=datetime.now(UTC),
         )
-        judgement = judge_engine(memory.serving, report, memory.buffers)
+        judgement = judge_engine(
+            memory.serving, report, memory.buffers, weights_unknown=memory.weights_unknown
+        )
         verdict = judgement.verdict
         memory.engine_answers = verdict is not Verdict.UNREACHABLE
         if verdict is Verdict.LOST:
@@ -578,6 +583,7 @@ class SidecarAgent:
     def _set_serving(
         self, staged: Staged, via: LoadPath | None, slot: Slot | None, instance: str | None
     ) -> None:
+        self._memory.weights_unknown = False
         self._memory.serving = Serving(
             staged.identity, staged.step, staged.kind, via, slot, instance
         )
@@ -841,6 +847,7 @@ class SidecarAgent:
         memory = self._memory
         if decision.weights_unknown:
             self._lose_serving()
+            memory.weights_unknown = True
         buffers = await asyncio.to_thread(self.staging.buffers)
         if decision.abandon_buffer and running.handed is not None:
             await self._abandon(running.handed, message)

@@ -155,10 +155,21 @@ def judge_engine(
     serving: Serving | None,
     report: EngineReport | None,
     buffers: Buffers,
+    *,
+    weights_unknown: bool = False,
 ) -> EngineJudgement:
-    """What the engine's report means for what the pod may say."""
+    """What the engine's report means for what the pod may say.
+
+    ``weights_unknown``: a load failed on an engine whose rollback is not trusted
+    (SGLang, vLLM keep their old version label over part-new weights): its label proves
+    nothing until the served buffer is loaded again, so nothing is adopted from it.
+    """
     if report is None:
         return EngineJudgement(Verdict.UNREACHABLE)
+    if weights_unknown and serving is None:
+        return EngineJudgement(
+            Verdict.EMPTY, identity=report.identity, detail="weights unknown after a failed load"
+        )
     handed = buffers.held(buffers.handed)
     if handed is not None and report.identity == handed.identity:
         if _digest_agrees(report.digest, handed.digest):
