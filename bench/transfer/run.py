@@ -233,7 +233,7 @@ def main() -> None:
         trainer = PolicyTrainer(state / "trainer", name="bench", size=args.size, lr=args.lr)
         files = trainer.model_files(state / "model")
         params = sum(p.numel() for p in trainer.model.parameters())
-        runs = []
+        runs: list[dict[str, Any]] = []
         for replicas in counts:
             for design in args.designs.split(","):
                 runs.append(
@@ -250,7 +250,8 @@ def main() -> None:
                         say=say,
                     )
                 )
-        _write(args, command, params, runs)
+                # After every run: a later failure keeps what was measured.
+                _write(args, command, params, runs)
     finally:
         down(state)
 

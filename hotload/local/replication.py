@@ -3,8 +3,10 @@
 Every region's bucket replicates to every other region's, each copy pushed through the
 receiving region's WAN link, so a snapshot written to any one region (the publisher's
 ``--home``) crosses each link once. MinIO never replicates a replica again, so a mesh
-costs nothing over a star. Objects may arrive in any order (the manifest before the files
-it lists): the sidecar treats a listed file that is not there yet as NotFound, transient.
+costs nothing over a star. Replication's proxying is off: MinIO would answer a read of an
+object that has not arrived yet by fetching it from the source region, once per replica,
+across the WAN. Objects may arrive in any order (the manifest before the files it lists):
+the sidecar treats a listed file that is not there yet as NotFound, transient.
 Deletes replicate too (``hotload gc`` then only has to clean the home bucket, though it
 cleans all of them).
 """
@@ -88,6 +90,9 @@ def replicate_mesh(regions: Sequence[Region], config_dir: Path) -> int:
                 "--remote-bucket", remote,
                 "--replicate", REPLICATE,
                 "--priority", str(priority),
+                # MinIO would otherwise answer a GET for an object not replicated yet by
+                # fetching it from the source region: once per replica, across the WAN.
+                "--disable-proxy",
             )  # fmt: skip
             rules += 1
     log.info(

@@ -26,6 +26,8 @@ from hotload.local.readiness import HttpReady
 from hotload.local.region import Region
 
 PROXY: Final = "s3"
+API_TIMEOUT_S: Final = 30.0
+API_ATTEMPTS: Final = 3
 _METRIC: Final = re.compile(
     r"^toxiproxy_proxy_received_bytes_total\{(?P<labels>[^}]*)\}\s+(?P<value>[0-9.e+]+)$"
 )
@@ -69,11 +71,30 @@ def wan_process(region: Region, tools: Mapping[str, Path]) -> ProcessSpec | None
     )
 
 
-def _call(region: Region, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-    try:
-        response = httpx.request(method, f"{api_url(region)}{path}", json=body, timeout=5)
-    except httpx.HTTPError as err:
-        raise LocalRegionError("the WAN proxy did not answer", region=region.name) from err
+def _call(
+    region: Region,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None = None,
+    *,
+    tolerate: tuple[int, ...] = (),
+) -> Any:
+    """One call to the proxy's API. Statuses in ``tolerate`` count as success: a retried
+    call may find done what an attempt that timed out on our side did (409, 404)."""
+    # Patient: on a busy machine (hundreds of sidecars starting) the proxy answers late.
+    for attempt in range(API_ATTEMPTS):
+        try:
+            response = httpx.request(
+                method, f"{api_url(region)}{path}", json=body, timeout=API_TIMEOUT_S
+            )
+            break
+        except httpx.HTTPError as err:
+            if attempt == API_ATTEMPTS - 1:
+                raise LocalRegionError(
+                    "the WAN proxy did not answer", region=region.name, request=f"{method} {path}"
+                ) from err
+    if response.status_code in tolerate:
+        return None
     if response.status_code >= 300:
         raise LocalRegionError(
             "the WAN proxy refused a change",
@@ -108,7 +129,7 @@ def set_link(region: Region, rate_kb_s: int, latency_ms: int) -> None:
         ):
             name = f"{kind}-{stream}"
             if name in toxics:
-                _call(region, "DELETE", f"/proxies/{PROXY}/toxics/{name}")
+                _call(region, "DELETE", f"/proxies/{PROXY}/toxics/{name}", tolerate=(404,))
             if value > 0:
                 _call(
                     region,
@@ -120,6 +141,7 @@ def set_link(region: Region, rate_kb_s: int, latency_ms: int) -> None:
                         "stream": stream,
                         "attributes": {attribute: value},
                     },
+                    tolerate=(409,),
                 )
 
 
@@ -149,7 +171,7 @@ def bytes_over(region: Region, *, settled: bool = True) -> WanBytes:
     if settled:
         settle(region)
     try:
-        text = httpx.get(f"{api_url(region)}/metrics", timeout=5).text
+        text = httpx.get(f"{api_url(region)}/metrics", timeout=API_TIMEOUT_S).text
     except httpx.HTTPError as err:
         raise LocalRegionError("the WAN proxy did not answer", region=region.name) from err
     return parse_metrics(text)

@@ -14,6 +14,8 @@ class Phase(StrEnum):
 
     CATCHING_UP = "catching up"
     UPLOADING = "uploading"
+    REPLICATING = "replicating"
+    """Waiting for the home bucket's replication to bring this region its copy."""
     APPLYING = "applying"
     ROLLING = "rolling out"
 

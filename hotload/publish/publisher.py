@@ -11,7 +11,9 @@ time in step order:
    weights kept in the work directory;
 3. upload with parallel (multipart) writes, the manifest last, to every region's bucket
    (each learnt from that region's RolloutDeployment), or only to the home region's
-   bucket when the buckets replicate from it (``home``);
+   bucket when the buckets replicate from it (``home``; each other region's snapshot is
+   then applied once replication brought it every file, or after
+   ``replication_timeout_s``);
 4. apply the PolicySnapshot in every region, each region on its own: one that does not
    answer keeps its snapshots queued (in order, in the work directory's state) and gets
    them with the next publish or :meth:`Publisher.flush`;
@@ -43,17 +45,24 @@ from hotload.publish.buckets import BucketOpener, open_region_bucket
 from hotload.publish.cadence import DEFAULT_FULL_EVERY, Decision, check_prefix, decide, identity_for
 from hotload.publish.observer import NullObserver, Phase, PublishObserver
 from hotload.publish.region_client import RegionBucket, RegionClient
-from hotload.publish.region_run import RegionRun, Upload, WaitSettings
+from hotload.publish.region_run import Landed, RegionRun, Upload, WaitSettings
 from hotload.publish.results import PublishResult, RegionOutcome, RegionResult
 from hotload.publish.state import LastSnapshot, PendingSnapshot, WorkDir
 from hotload.publish.weights import CapturedWeights, capture, materialize
 from hotload.snapshot import MANIFEST_NAME, encode
-from hotload.snapshot.publish import DEFAULT_UPLOAD_CONCURRENCY, UploadReport, upload_snapshot
+from hotload.snapshot.publish import (
+    DEFAULT_UPLOAD_CONCURRENCY,
+    UploadReport,
+    snapshot_files,
+    upload_snapshot,
+)
 from hotload.storage import Storage
 
 log = logging.getLogger(__name__)
 
 FLUSH_RETRY_S = 1.0
+REPLICATION_POLL_S = 0.2
+REPLICATION_POLL_MAX_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -76,6 +85,10 @@ class PublisherSettings:
     """With bucket replication: the one context whose bucket is written."""
     wait: bool = False
     wait_timeout_s: float = 600.0
+    replication_timeout_s: float = 60.0
+    """With ``home``: how long a region's PolicySnapshot waits for replication to bring
+    the region its copy (checked through the region's publish endpoint) before it is
+    applied anyway (its replicas then retry until the files arrive)."""
     fallback_full: bool = True
     """With ``wait``: when a region reports the chain broken, publish a Full of the same
     weights at once. Off: the next publish is a Full (the cadence's ``chain-broken`` rule)."""
@@ -416,6 +429,7 @@ class Publisher:
             observer=self._observer,
             started=started,
             wait=WaitSettings(settings.wait, settings.wait_timeout_s, settings.unreachable_after_s),
+            landed=self._lander(context),
         )
 
     async def _resolve_buckets(self) -> None:
@@ -446,6 +460,48 @@ class Publisher:
                 context=source,
             )
         return bucket
+
+    def _lander(self, context: str) -> Landed | None:
+        """Where buckets replicate from the home bucket: a wait until the region's copy
+        is complete, so its replicas never look for files that are still on their way."""
+        if self.settings.home is None or context == self.settings.home:
+            return None
+
+        async def landed(item: PendingSnapshot) -> bool:
+            bucket = self._buckets.get(context)
+            if bucket is None or self._write_bucket(context).key == bucket.key:
+                return True
+            storage = self._storage(bucket)
+            missing = {f"{item.identity}/{rel}" for rel in snapshot_files(Path(item.encoded))}
+            deadline = time.monotonic() + self.settings.replication_timeout_s
+            interval = REPLICATION_POLL_S
+            while True:
+                for key in sorted(missing):
+                    try:
+                        await storage.stat(key)
+                    except NotFound:
+                        continue
+                    except HotloadError as err:
+                        # No access to the replica (credentials for the home bucket only):
+                        # the replicas will wait for their files themselves.
+                        log.info(
+                            "cannot watch the region's copy arrive",
+                            extra={"context": context, "error": str(err)[:200]},
+                        )
+                        return False
+                    missing.discard(key)
+                if not missing:
+                    return True
+                if time.monotonic() > deadline:
+                    log.warning(
+                        "replication has not brought the region its copy yet; applying",
+                        extra={"context": context, "snapshot": item.identity},
+                    )
+                    return False
+                await asyncio.sleep(interval)
+                interval = min(REPLICATION_POLL_MAX_S, interval * 1.5)
+
+        return landed
 
     def _storage(self, bucket: RegionBucket) -> Storage:
         storage = self._storages.get(bucket.key)

@@ -32,6 +32,9 @@ POLL_S = 0.5
 Upload = Callable[[PendingSnapshot, Phase], Awaitable[UploadReport | None]]
 """Put a snapshot into the bucket this region reads (None when another region's upload to
 the same bucket did it). Raises a HotloadError on failure."""
+Landed = Callable[[PendingSnapshot], Awaitable[bool]]
+"""Wait until replication brought a snapshot's files to this region's bucket; False when
+they did not land in time (the snapshot is applied anyway: its replicas retry)."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,8 @@ class RegionRun:
     started: float
     """``time.monotonic()`` when the publish was called."""
     wait: WaitSettings
+    landed: Landed | None = None
+    """Set where the bucket is a replica of the home bucket."""
     delivered: list[str] = field(default_factory=list)
     refused: dict[str, str] = field(default_factory=dict)
     reports: dict[str, UploadReport] = field(default_factory=dict)
@@ -75,6 +80,9 @@ class RegionRun:
                     if report is not None:
                         self.reports[head.identity] = report
                     head.uploaded = True
+                if self.landed is not None:
+                    self.observer.region_progress(self.context, Phase.REPLICATING)
+                    await self.landed(head)
                 self.observer.region_progress(
                     self.context, Phase.CATCHING_UP if catching_up else Phase.APPLYING
                 )
