@@ -10,7 +10,8 @@ from pydantic import Field, model_validator
 
 from hotload.api._base import ApiModel, ApiStatusModel
 from hotload.api.conditions import Condition
-from hotload.api.snapshot_ref import Identity, KvCachePolicy, SnapshotKind, SnapshotRef
+from hotload.api.kinds import KvCachePolicy, SnapshotKind
+from hotload.api.snapshot_ref import Identity, SnapshotRef
 
 KIND: Final = "PolicySnapshot"
 PLURAL: Final = "policysnapshots"

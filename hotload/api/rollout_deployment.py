@@ -9,7 +9,8 @@ from pydantic import Field, model_validator
 
 from hotload.api._base import ApiModel, ApiStatusModel
 from hotload.api.conditions import Condition
-from hotload.api.snapshot_ref import KvCachePolicy, SnapshotRef
+from hotload.api.kinds import KvCachePolicy
+from hotload.api.snapshot_ref import SnapshotRef
 
 KIND: Final = "RolloutDeployment"
 PLURAL: Final = "rolloutdeployments"

@@ -2,39 +2,16 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
-from typing import Annotated, Final
+from typing import Annotated
 
 from pydantic import Field
 
 from hotload.api._base import ApiStatusModel
-
-#: DNS-1123 subdomain: the identity is the object name and one safe path segment.
-IDENTITY_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-IDENTITY_MAX_LENGTH: Final = 253
+from hotload.api.kinds import IDENTITY_MAX_LENGTH, IDENTITY_PATTERN, KvCachePolicy, SnapshotKind
 
 Identity = Annotated[
     str, Field(min_length=1, max_length=IDENTITY_MAX_LENGTH, pattern=IDENTITY_PATTERN)
 ]
-
-
-class SnapshotKind(StrEnum):
-    """Spelled the same in the CRD, the manifest and the target."""
-
-    FULL = "Full"
-    INCREMENTAL = "Incremental"
-    LORA = "LoRA"
-
-
-class KvCachePolicy(StrEnum):
-    """What happens to the prompt (KV) cache after a swap."""
-
-    ALL = "all"
-    """Reset everything: nothing computed with the old weights is reused."""
-    NONE = "none"
-    """Keep the whole cache."""
-    NEW_SESSION = "new_session"
-    """Keep it for running sessions; new sessions start fresh."""
 
 
 class SnapshotRef(ApiStatusModel):

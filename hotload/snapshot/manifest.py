@@ -99,7 +99,6 @@ class _Model(BaseModel):
         populate_by_name=True,
         extra="forbid",
         frozen=True,
-        use_attribute_docstrings=True,
     )
 
 

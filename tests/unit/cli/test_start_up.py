@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +82,61 @@ def test_help_imports_nothing_heavy(
     )
     assert heavy == [], f"hotload {' '.join(args)} imports {heavy[:10]}"
     assert len(modules) <= budget, f"hotload {' '.join(args)} imports {len(modules)} modules"
+
+
+#: Never imported by ``hotload snapshot decode``: every CRD model of hotload.api (building
+#: pydantic schemas was most of its import time), the encoder, the inspector, the torch
+#: bridge, and everything of the control plane. What stays is the decoder's own modules,
+#: numpy, zstandard, xxhash — and pydantic, which typer's parameter adapters import.
+NEVER_FOR_DECODE = (
+    "torch",
+    "rich",
+    "kubernetes",
+    "kubernetes_asyncio",
+    "httpx",
+    "boto3",
+    "hotload.api._base",
+    "hotload.api.snapshot_ref",
+    "hotload.api.conditions",
+    "hotload.api.policy_snapshot",
+    "hotload.api.rollout_deployment",
+    "hotload.snapshot.encoder",
+    "hotload.snapshot.inspection",
+    "hotload.snapshot.state_dict",
+    "hotload.snapshot.planner",
+    "hotload.sidecar",
+    "hotload.engines",
+    "hotload.storage",
+    "hotload.local",
+    "hotload.operator",
+)
+
+
+def test_snapshot_decode_imports_only_the_decoder(tmp_path: Path) -> None:
+    from hotload.snapshot import encode, encode_full, rebuild
+    from tests.unit.snapshot.models import base_tensors, next_step, write_model
+
+    v1_tensors = base_tensors()
+    v1 = write_model(tmp_path / "v1", {"model.safetensors": v1_tensors})
+    v2 = write_model(tmp_path / "v2", {"model.safetensors": next_step(v1_tensors)})
+    full = encode_full(v1, tmp_path / "s1", identity="s1", step=1)
+    rebuild(None, full.path, tmp_path / "r1")
+    encode(tmp_path / "r1", v2, tmp_path / "s2", identity="s2", step=2, previous_identity="s1")
+    modules = imported(
+        "snapshot",
+        "decode",
+        "--previous",
+        str(tmp_path / "r1"),
+        "--snapshot",
+        str(tmp_path / "s2"),
+        "--out",
+        str(tmp_path / "r2"),
+    )
+    assert (tmp_path / "r2" / "model.safetensors").is_file()  # it did decode
+    heavy = sorted(
+        name
+        for name in modules
+        if any(name == n or name.startswith(n + ".") for n in NEVER_FOR_DECODE)
+    )
+    assert heavy == [], f"hotload snapshot decode imports {heavy[:10]}"
+    assert len(modules) <= 415, f"hotload snapshot decode imports {len(modules)} modules"
