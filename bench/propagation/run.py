@@ -23,7 +23,9 @@ Run (from the repository root, with the project's venv)::
     python bench/propagation/run.py --replicas 30 300 1000
 
 Results: ``bench/propagation/results.json`` (every number, with the command) and
-``bench/propagation/RESULTS.md`` (the summary). Not part of the test suite.
+``bench/propagation/RESULTS.md`` (the summary table, then ``analysis.md``: how to read it,
+written by hand). ``--render results.json`` rewrites RESULTS.md only. Not part of the
+test suite.
 """
 
 from __future__ import annotations
@@ -546,7 +548,15 @@ def main() -> None:
         "each target at once (the control plane's share alone).",
     )
     parser.add_argument("--results", type=Path, default=REPO / "bench" / "propagation")
+    parser.add_argument(
+        "--render", type=Path, default=None, help="Only write RESULTS.md beside this results.json."
+    )
     args = parser.parse_args()  # fmt: skip
+    if args.render is not None:
+        (args.render.parent / "RESULTS.md").write_text(
+            markdown(json.loads(args.render.read_text()))
+        )
+        return
 
     # The pods inherit the runtime's log level: a thousand agents logging every fetch at INFO
     # into one shared host would measure the logger. The operator logs warnings too.
@@ -654,6 +664,9 @@ def markdown(document: dict[str, Any]) -> str:
             f"| {row['operator_status_writes_ratio']} | {row['operator_api_requests_ratio']} "
             f"| {row['operator_cpu_seconds_ratio']} | {row['p50_ratio']} |"
         )
+    analysis = Path(__file__).with_name("analysis.md")
+    if analysis.exists():
+        lines += ["", analysis.read_text().rstrip()]
     return "\n".join(lines) + "\n"
 
 
