@@ -201,7 +201,7 @@ class SidecarAgent:
             api,
             config.namespace,
             config.pod_name,
-            config.retry,
+            config.api_retry,
             check_interval_s=config.pod_check_interval_s,
         )
         self._memory = _Memory()
@@ -276,7 +276,7 @@ class SidecarAgent:
             self.api,
             self.config.namespace,
             self.config.deployment,
-            self.config.watch_retry,
+            self.config.api_retry,
             self._on_deployment,
         )
         client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))

@@ -58,9 +58,11 @@ class AgentConfig:
     """The agent's retries of a whole load (storage errors the storage layer already
     retried, ``NotFound``, engine busy) and of its watch and pod writes: the policy's
     defaults, 0.5 s doubling to 30 s, half of each delay random, never giving up."""
-    watch_retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(maximum_s=4.0))
-    """Reconnecting the deployment watch: capped low, so the first target after an API
-    server outage is seen within seconds of its return (jitter spreads a fleet)."""
+    api_retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(maximum_s=4.0))
+    """Reconnecting the deployment watch and retrying the pod's report: capped low, so
+    the first target after an API server outage is seen, and the pod repaired, within
+    seconds of its return (half of each delay random: a fleet does not come back in
+    lockstep)."""
     engine_check_interval_s: float = 5.0
     """How often the engine is asked what it serves, at the least (the pod's report
     follows within this of a restart)."""

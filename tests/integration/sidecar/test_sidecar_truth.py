@@ -30,7 +30,9 @@ import pytest
 from kubernetes import client as k8s
 
 from hotload.api import SnapshotRef, Transition
-from hotload.local import LocalRegions
+from hotload.local import LocalRegions, Region, control_plane
+from hotload.local.components import region_tools
+from hotload.local.processes import read_records, start, stop, wait_ready
 from hotload.local.trainer import PublishedSnapshot
 from hotload.storage import Storage, open_storage
 from tests.fixtures.trainer import PROBE_TOKENS, Trainer
@@ -320,9 +322,9 @@ async def test_3_targets_moved_faster_than_loads_finish_still_converge(fleet: Fl
             assert "hotload.dev/reason" not in annotations
         assert "Failed" not in states, f"round {round_}: a replica failed while preempted"
         for replica in fleet.truth:
-            await assert_serves(fleet, replica, last)
             status = await harness.status(replica)
             assert (status.get("lastError") or {}).get("reason") != "InternalError", status
+            await assert_serves(fleet, replica, last)
             buffers = status["buffers"]
             assert buffers["handed"] is None
             assert buffers[buffers["served"]] == last.identity
@@ -424,8 +426,8 @@ async def test_6_a_bit_flipped_in_staging_is_repaired_from_the_bucket_never_repo
     snapshot = await fresh_delta(fleet)
     await converge(fleet, "truth", fleet.truth, snapshot)
     replica = fleet.truth[0]
-    for shard in (replica.staging / "buffers").glob("*/*/model.safetensors"):
-        flip_bit(shard)
+    flipped = [flip_bit(shard) for shard in rebuilt_shards(replica)]
+    assert flipped, "nothing staged to damage"
     nxt = await fresh_delta(fleet)
     harness.set_target("truth", nxt.ref())
     states: set[str] = set()
@@ -449,10 +451,21 @@ async def test_6_a_bit_flipped_in_staging_is_repaired_from_the_bucket_never_repo
     assert harness.annotations(replica.pod)["hotload.dev/via"] == "delta"
 
 
-def flip_bit(path: Path) -> None:
+def rebuilt_shards(replica: Replica) -> list[Path]:
+    """Every rebuilt model file in the replica's staging (downloads excluded)."""
+    return [
+        path
+        for path in replica.staging.rglob("model.safetensors")
+        if not {"fetch", "partial"} & set(path.relative_to(replica.staging).parts)
+    ]
+
+
+def flip_bit(path: Path) -> Path:
+    """One bit of tensor data flipped in place, as a bad disk or a stray writer would."""
     data = bytearray(path.read_bytes())
     data[len(data) - 64] ^= 0x10
     path.write_bytes(bytes(data))
+    return path
 
 
 # --- 7. a corrected target -------------------------------------------------------------
@@ -489,7 +502,8 @@ async def test_8_a_sync_drain_has_a_limit_and_refusals_name_the_policy(fleet: Fl
     harness.set_target("slow", new.ref())
 
     async def draining() -> bool:
-        return (await harness.status(replica))["phase"] == "Draining"
+        # "Draining" names the wait; a sidecar without the phase said "Swapping".
+        return (await harness.status(replica))["phase"] in ("Draining", "Swapping")
 
     await eventually(draining, timeout=60, what="the SYNC swap to drain")
     early = await harness.complete(replica)
@@ -509,10 +523,10 @@ async def test_8_an_engine_busy_swap_is_retried_without_rebuilding(fleet: Fleet)
     replica = fleet.slow
     current = await fresh_delta(fleet)
     await converge(fleet, "slow", [replica], current)
-    status = await harness.status(replica)
-    served_path = (
-        f"/var/lib/hotload/staging/buffers/{status['buffers']['served']}/{current.identity}"
+    served_dir = next(
+        p.parent for p in rebuilt_shards(replica) if p.parent.name == current.identity
     )
+    served_path = f"/var/lib/hotload/staging/{served_dir.relative_to(replica.staging)}"
     nxt = await fresh_delta(fleet)
 
     async def foreign_load() -> None:
@@ -539,3 +553,73 @@ async def test_8_an_engine_busy_swap_is_retried_without_rebuilding(fleet: Fleet)
     swap = status["history"][0]
     assert swap["identity"] == nxt.identity
     assert "rebuild" not in swap["seconds"] and swap["fetchedBytes"] == 0, swap
+
+
+def restart_api_server(region: Region, down_s: float) -> None:
+    """Stop the region's kube-apiserver, keep it down ``down_s``, start it again."""
+    records = [r for r in read_records(region.pids_dir) if r.name == "kube-apiserver"]
+    assert records, "no kube-apiserver record"
+    stop(records)
+    time.sleep(down_s)
+    spec = control_plane.apiserver(region, region_tools(region))
+    wait_ready([(spec, start(spec, region.logs_dir, region.pids_dir))], region.name)
+
+
+async def test_8_the_first_target_after_an_api_server_outage_is_seen_within_seconds(
+    fleet: Fleet,
+) -> None:
+    harness = fleet.harness
+    snapshot = await fresh_delta(fleet)
+    await converge(fleet, "truth", fleet.truth, snapshot)
+    nxt = await fresh_delta(fleet)
+    # Long enough for the watches' backoff to grow (to 8-30 s before the fix).
+    await asyncio.to_thread(restart_api_server, harness.region, 20.0)
+    seen_by: dict[str, float] = {}
+    await eventually(
+        lambda: _settable(harness), timeout=60, what="the API server to take writes again"
+    )
+    started = time.monotonic()
+    harness.set_target("truth", nxt.ref())
+    while len(seen_by) < len(fleet.truth) and time.monotonic() - started < 60:
+        for replica in fleet.truth:
+            with contextlib.suppress(httpx.HTTPError):
+                status = await harness.status(replica)
+                if (status.get("target") or {}).get("identity") == nxt.identity:
+                    seen_by.setdefault(replica.pod, time.monotonic() - started)
+        await asyncio.sleep(0.1)
+    assert len(seen_by) == len(fleet.truth), seen_by
+    assert max(seen_by.values()) < 7.0, f"the new target reached the sidecars late: {seen_by}"
+    for replica in fleet.truth:
+        waits = api_retry_delays(harness.log(replica, "sidecar", tail=200_000))
+        assert waits, "the outage was seen by the sidecar"
+        assert max(waits) <= 4.0, f"{replica.pod} waited {max(waits)} s between API retries"
+    for replica in fleet.truth:
+        await harness.wait_state(replica, nxt.identity, "Ready", timeout=60)
+        await eventually(
+            lambda r=replica: _condition(harness, r, "Ready") == "True",
+            timeout=60,
+            what=f"{replica.pod} Ready again after the outage",
+        )
+        await assert_serves(fleet, replica, nxt)
+
+
+def api_retry_delays(log_text: str) -> list[float]:
+    """The delays the sidecar waited between retries of its watch and its pod report."""
+    delays = []
+    for line in log_text.splitlines():
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if record.get("message") in (
+                "deployment watch failed, retrying",
+                "writing the pod report failed, retrying",
+            ):
+                delays.append(float(record["retry_in_s"]))
+    return delays
+
+
+def _settable(harness: SidecarHarness) -> bool:
+    try:
+        harness.core.list_namespaced_pod(harness.namespace, _request_timeout=5)
+    except Exception:  # any failure means: not back yet
+        return False
+    return True
