@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -20,6 +20,7 @@ from hotload.api import pod as contract
 from hotload.api.conditions import AVAILABLE, DEGRADED, PROGRESSING, SNAPSHOT_READY
 from hotload.api.policy_snapshot import PLURAL as SNAPSHOTS
 from hotload.api.rollout_deployment import PLURAL as DEPLOYMENTS
+from hotload.cli.output import record
 from hotload.errors import KubeError
 from hotload.kube import kube_errors, sync_api_client
 from hotload.operator.workload import INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL
@@ -286,7 +287,7 @@ def snapshot_ledger_rows(objects: RegionObjects, identity: str) -> list[ReplicaR
 
 
 def as_data(rows: Sequence[DeploymentRow] | Sequence[ReplicaRow]) -> list[dict[str, Any]]:
-    return [asdict(row) for row in rows]
+    return [record(row) for row in rows]
 
 
 #: (connect, read) seconds per list: a region whose apiserver hangs is reported, not waited on.

@@ -166,7 +166,7 @@ def status_command(
     from hotload.local import lifecycle as local_regions
 
     statuses = local_regions.status(state)
-    data = [s.model_dump(mode="json") for s in statuses]
+    data = [s.model_dump(mode="json", by_alias=True) for s in statuses]
     if not emit(data, output):
         if statuses:
             _print_table(statuses)

@@ -1,8 +1,11 @@
 """``-o table|json|yaml``: how every command prints data, in one place.
 
-``json`` and ``yaml`` print the command's plain data (lists and dicts of JSON types,
-keys as the command builds them) for scripts; ``table`` is for people and each command
-lays out its own columns with :func:`print_table`. rich and yaml are imported only when
+``json`` and ``yaml`` print the command's plain data (lists and dicts of JSON types) for
+scripts, with one key style everywhere: camelCase field names, as kubectl prints API
+objects (so a script reading ``hotload status -o json`` and ``kubectl get -o json`` uses
+one convention; keys that are data, such as tensor or process names, are left as they
+are). ``table`` is for people and each command lays out its own columns with
+:func:`print_table`. rich and yaml are imported only when
 used, so importing this module stays cheap.
 """
 
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from dataclasses import fields
 from enum import StrEnum
 from typing import Any
 
@@ -20,6 +24,17 @@ class OutputFormat(StrEnum):
     TABLE = "table"
     JSON = "json"
     YAML = "yaml"
+
+
+def camel(name: str) -> str:
+    """``target_step`` → ``targetStep``: a Python field name in the output's key style."""
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def record(row: Any) -> dict[str, Any]:
+    """A dataclass row as output data: its field names camelCased, values as they are."""
+    return {camel(f.name): getattr(row, f.name) for f in fields(row)}
 
 
 def emit(data: Any, output: OutputFormat) -> bool:

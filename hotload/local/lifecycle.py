@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from hotload.errors import ConfigError, LocalRegionError
@@ -94,9 +95,9 @@ class LocalRegions:
 
 
 class RegionStatus(BaseModel):
-    """What ``hotload local status`` reports for one region."""
+    """What ``hotload local status`` reports for one region (camelCase keys in ``-o json``)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, alias_generator=to_camel, populate_by_name=True)
 
     name: str
     index: int

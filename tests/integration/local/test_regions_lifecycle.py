@@ -80,7 +80,7 @@ def test_cli_up_is_idempotent_reuses_the_cache_and_down_leaves_nothing(tmp_path:
         "kwok",
     }
     assert all(region["processes"].values())
-    assert (region["nodes_ready"], region["nodes_total"]) == (1, 1)
+    assert (region["nodesReady"], region["nodesTotal"]) == (1, 1)
     assert region["services"] == {}
     table = _hotload("status", "--state-dir", str(state))
     assert table.stdout.splitlines()[0].split()[:3] == ["REGION", "INDEX", "APISERVER"]
