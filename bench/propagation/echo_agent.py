@@ -23,7 +23,7 @@ from hotload.kube import async_api_client
 from hotload.local.runtime.agent_factory import agent_config
 from hotload.retry import RetryPolicy
 from hotload.sidecar.deployment_watch import DeploymentView, DeploymentWatcher
-from hotload.sidecar.pod_report import PodAnnotations, ReadinessGate
+from hotload.sidecar.pod_report import PodAnnotations, readiness_gate
 from hotload.sidecar.pod_writer import PodWriter
 
 
@@ -56,7 +56,7 @@ async def run(env: Mapping[str, str], registry: CollectorRegistry) -> None:
             now = datetime.now(UTC)
             writer.publish(
                 PodAnnotations(served, served, ReplicaState.READY, now, LoadPath.DELTA),
-                ReadinessGate(True, "Verified", f"serves verified snapshot {served}"),
+                readiness_gate(target.step, served, target.step, None),
             )
     finally:
         for task in (watching, writing):

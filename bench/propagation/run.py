@@ -62,6 +62,7 @@ from hotload.errors import RegionIndexTaken  # noqa: E402
 from hotload.local import LocalRegions, Region, down, up  # noqa: E402
 from hotload.local import chart as hotload_chart  # noqa: E402
 from hotload.local.bootstrap import api_client  # noqa: E402
+from hotload.local.processes import read_records  # noqa: E402
 from hotload.local.runtime.launcher import settings_for  # noqa: E402
 from hotload.local.runtime.process_ledger import ProcessLedger  # noqa: E402
 from hotload.operator.workload import label_selector  # noqa: E402
@@ -254,6 +255,28 @@ def peak_rss_mib(pid: int | None) -> float:
     return math.nan
 
 
+def component_pids(region: Region) -> dict[str, list[int]]:
+    """Every process of the region by component: the control plane's own (pid files),
+    the pod runtime's shared hosts and operators (its process ledger), and this one."""
+    pids: dict[str, list[int]] = {"bench client": [os.getpid()]}
+    for record in read_records(region.pids_dir):
+        pids.setdefault(record.name, []).append(record.pid)
+    for entry in ProcessLedger(settings_for(region).processes_dir).entries():
+        if entry.key.startswith("host-"):
+            pids.setdefault("shared host (sidecars)", []).append(entry.pid)
+        elif entry.key.endswith(".operator"):
+            pids.setdefault("operators", []).append(entry.pid)
+    return pids
+
+
+def component_cpu(region: Region) -> dict[str, float]:
+    """Cumulative CPU seconds of each component's processes now (gone ones count 0)."""
+    return {
+        name: sum(c for pid in pids if not math.isnan(c := cpu_seconds(pid)))
+        for name, pids in component_pids(region).items()
+    }
+
+
 def apiserver_metrics(api: k8s.ApiClient) -> dict[str, float]:
     """The apiserver's own /metrics (the region's admin client: a client certificate)."""
     response = api.call_api("GET", f"{api.configuration.host}/metrics")
@@ -269,13 +292,21 @@ class Counters:
     operator: dict[str, float]
     apiserver: dict[str, float]
     cpu: float
+    components: dict[str, float]
 
     @classmethod
-    def read(cls, api: k8s.ApiClient, active: OperatorPod) -> Counters:
+    def read(cls, region: Region, api: k8s.ApiClient, active: OperatorPod) -> Counters:
         return cls(
             time.monotonic(), operator_metrics(active), apiserver_metrics(api),
-            cpu_seconds(active.pid),
+            cpu_seconds(active.pid), component_cpu(region),
         )  # fmt: skip
+
+    def cpu_by_component(self, before: Counters) -> dict[str, float]:
+        """CPU seconds each component spent between the two readings."""
+        return {
+            name: round(self.components.get(name, 0.0) - before.components.get(name, 0.0), 2)
+            for name in sorted(set(self.components) | set(before.components))
+        }
 
     def minus(self, before: Counters) -> dict[str, float]:
         def op(name: str, where: str = "") -> float:
@@ -439,11 +470,11 @@ class Bench:
                 for step in range(1, snapshots + 1):
                     snapshot = asyncio.run(chain.publish(step))
                     time.sleep(1.0)  # let the previous rollout's trailing writes settle
-                    before = Counters.read(self.api, active)
+                    before = Counters.read(self.region, self.api, active)
                     began = self.apply(namespace, snapshot)
                     times = self.wait_all(watcher, snapshot.identity, replicas)
                     time.sleep(3.0)  # the operator's trailing status writes belong to it
-                    after = Counters.read(self.api, active)
+                    after = Counters.read(self.region, self.api, active)
                     samples = [t - began for t in times.values()]
                     result.samples_s += samples
                     result.snapshots.append(
@@ -455,6 +486,7 @@ class Bench:
                             "p99_s": round(percentile(samples, 99), 3),
                             "all_ready_s": round(max(samples), 3),
                             "cost": after.minus(before),
+                            "cpu_seconds_by_component": after.cpu_by_component(before),
                         }
                     )
                     log(f"N={replicas} {snapshot.identity}: p50 {percentile(samples, 50):.2f} s, "
@@ -542,10 +574,11 @@ def main() -> None:
     parser.add_argument("--log-level", default="WARNING", help="Of the region's pods.")
     parser.add_argument(
         "--agent",
-        choices=["sidecar", "echo"],
+        choices=["sidecar", "echo", "sampled"],
         default="sidecar",
         help="sidecar: the real agent (default); echo: a stand-in that reports "
-        "each target at once (the control plane's share alone).",
+        "each target at once (the control plane's share alone); sampled: the real agent "
+        "with a stack sampler in its shared host (sampled_agent.py).",
     )
     parser.add_argument("--results", type=Path, default=REPO / "bench" / "propagation")
     parser.add_argument(
@@ -564,6 +597,8 @@ def main() -> None:
     if args.agent == "echo":
         # Control plane only: each replica reports a target as loaded the moment it sees it.
         os.environ["HOTLOAD_RUNTIME_AGENT_FACTORY"] = "bench.propagation.echo_agent:run"
+    elif args.agent == "sampled":
+        os.environ["HOTLOAD_RUNTIME_AGENT_FACTORY"] = "bench.propagation.sampled_agent:run"
     nodes = max(1, -(-max(args.replicas) // PODS_PER_NODE)) + 1
     work = Path(tempfile.mkdtemp(prefix="hotload-bench-propagation-"))
     state = work / "state"

@@ -40,6 +40,19 @@ def rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def parse_time(value: object) -> datetime | None:
+    """An RFC 3339 timestamp (``Z`` or an offset, with or without a fraction), else None."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
 class Condition(ApiStatusModel):
     """One observation of the object's state, as in Kubernetes' metav1.Condition."""
 

@@ -11,7 +11,6 @@ precondition, and Events.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
@@ -19,7 +18,6 @@ from typing import Any, Final
 
 from kubernetes_asyncio.client import (
     ApiClient,
-    ApiException,
     AppsV1Api,
     CoreV1Api,
     CustomObjectsApi,
@@ -31,6 +29,7 @@ from hotload.api.policy_snapshot import PLURAL as SNAPSHOTS
 from hotload.api.rollout_deployment import PLURAL as DEPLOYMENTS
 from hotload.errors import KubeError
 from hotload.kube import kube_errors
+from hotload.kube.raw import read_json
 from hotload.operator.metrics import OperatorMetrics
 from hotload.operator.plan import EventSpec
 
@@ -43,24 +42,6 @@ MERGE_PATCH: Final = "application/merge-patch+json"
 APPLY_PATCH: Final = "application/apply-patch+yaml"
 
 Body = dict[str, Any]
-
-
-async def _json(call: Awaitable[Any]) -> Body:
-    """The response as JSON; a non-2xx answer raises the client's ``ApiException``.
-
-    (With ``_preload_content=False`` the client hands back the raw response without
-    checking its status: that check is ours.)
-    """
-    response = await call
-    try:
-        payload = await response.read()
-    finally:
-        response.release()
-    if not 200 <= response.status <= 299:
-        error = ApiException(status=response.status, reason=response.reason)
-        error.body = payload
-        raise error
-    return json.loads(payload) if payload else {}
 
 
 class KubeExecutor:
@@ -120,7 +101,7 @@ class KubeExecutor:
     async def list_snapshots(self, namespace: str) -> Body:
         self._count("list", SNAPSHOTS)
         with kube_errors(namespace=namespace, resource=SNAPSHOTS):
-            return await _json(
+            return await read_json(
                 self._custom.list_namespaced_custom_object(
                     GROUP, VERSION, namespace, SNAPSHOTS, _preload_content=False
                 )
@@ -134,7 +115,7 @@ class KubeExecutor:
         self._count("patch", f"{plural}/status")
         self._metrics.status_writes.labels(kind).inc()
         with kube_errors(namespace=namespace, name=name, resource=f"{plural}/status"):
-            return await _json(
+            return await read_json(
                 self._custom.patch_namespaced_custom_object_status(
                     GROUP, VERSION, namespace, plural, name, {"status": dict(status)},
                     _content_type=MERGE_PATCH, _preload_content=False,
@@ -155,7 +136,7 @@ class KubeExecutor:
         """Delete one PolicySnapshot, only the object we decided about (uid precondition)."""
         self._count("delete", SNAPSHOTS)
         with kube_errors(namespace=namespace, name=name, resource=SNAPSHOTS):
-            await _json(
+            await read_json(
                 self._custom.delete_namespaced_custom_object(
                     GROUP, VERSION, namespace, SNAPSHOTS, name,
                     body={"preconditions": {"uid": uid}}, _preload_content=False,
@@ -189,7 +170,7 @@ class KubeExecutor:
                 call = self._rbac.patch_namespaced_role_binding(name, namespace, body, **options)
             else:
                 raise KubeError("the operator does not manage this kind", kind=kind)
-            return await _json(call)
+            return await read_json(call)
 
     # --- events ------------------------------------------------------------------------
 
@@ -221,4 +202,6 @@ class KubeExecutor:
         self._count("create", "events")
         self._metrics.events.labels(event.type.value, event.reason).inc()
         with kube_errors(namespace=namespace, resource="events", reason=event.reason):
-            await _json(self._core.create_namespaced_event(namespace, body, _preload_content=False))
+            await read_json(
+                self._core.create_namespaced_event(namespace, body, _preload_content=False)
+            )

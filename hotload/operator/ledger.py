@@ -22,8 +22,8 @@ from datetime import datetime
 from typing import Any, Final
 
 from hotload.api import ReplicaState
-from hotload.api.conditions import rfc3339
-from hotload.operator.pods import PodReport, parse_time
+from hotload.api.conditions import parse_time, rfc3339
+from hotload.operator.pods import PodReport
 
 #: Count key for replicas whose sidecar has not reported a state yet.
 NO_STATE: Final = "Pending"

@@ -12,11 +12,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final
 
 from hotload.api import LoadPath, ReplicaState
 from hotload.api import pod as contract
+from hotload.api.conditions import parse_time
 from hotload.operator.workload import INSTANCE_LABEL
 
 #: ``<statefulset>-<ordinal>``: the StatefulSet names each pod after its ordinal.
@@ -65,19 +66,6 @@ class PodReport:
             return LoadPath(self.via) if self.via else None
         except ValueError:
             return None
-
-
-def parse_time(value: object) -> datetime | None:
-    """An RFC 3339 timestamp (``Z`` or an offset, with or without a fraction), else None."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC)
 
 
 def _state(value: str | None) -> ReplicaState | None:

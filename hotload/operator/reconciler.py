@@ -31,7 +31,7 @@ from hotload.api import (
     RolloutDeployment,
     RolloutDeploymentSpec,
 )
-from hotload.api.conditions import CHAIN_VALID
+from hotload.api.conditions import CHAIN_VALID, parse_time
 from hotload.errors import KubeError, KubeNotFound
 from hotload.operator import conditions as cond
 from hotload.operator.batching import BatchWindows, Wakeup
@@ -45,7 +45,7 @@ from hotload.operator.plan import (
     plan_deployment,
 )
 from hotload.operator.pod_watch import PodWatch
-from hotload.operator.pods import PodReport, parse_time, pod_report
+from hotload.operator.pods import PodReport, pod_report
 from hotload.operator.rollout import ChainVerdict, SnapshotInfo
 from hotload.operator.snapshot_status import ObservedSnapshot
 from hotload.operator.store import Versioned, VersionedStore, is_newer

@@ -33,6 +33,8 @@ from hotload.api.pod import (
 
 #: Annotation values stay short: the message is for a human glancing at ``kubectl``.
 MESSAGE_LIMIT = 1024
+#: The gate's message while True: the same for every snapshot (see :func:`readiness_gate`).
+VERIFIED_MESSAGE = "serves a verified snapshot (named by hotload.dev/snapshot)"
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,11 @@ def readiness_gate(
 
     It stays True while a newer snapshot downloads or after a failed delta (the pod keeps
     serving its last good one). Being at the target is the ``state`` annotation's job.
+
+    While True its message does not name the snapshot (the ``snapshot`` annotation does):
+    the condition then stays the same across a delta, and a rollout costs each replica
+    its annotation patches only, not a ``pods/status`` write as well — at 1,000 replicas a
+    third fewer writes for the API server and every pod watcher to process.
     """
     if served_step is None or served_identity is None:
         return ReadinessGate(False, reasons.NOT_LOADED, "no verified snapshot loaded yet")
@@ -110,7 +117,7 @@ def readiness_gate(
                 f"serves {served_identity}, {behind} steps behind the target"
                 f" (maxStaleSteps {max_stale_steps})",
             )
-    return ReadinessGate(True, reasons.VERIFIED, f"serves verified snapshot {served_identity}")
+    return ReadinessGate(True, reasons.VERIFIED, VERIFIED_MESSAGE)
 
 
 def condition_patch(gate: ReadinessGate, last_transition: datetime) -> dict[str, Any]:

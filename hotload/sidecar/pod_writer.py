@@ -18,15 +18,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
+from hotload.api.conditions import parse_time
 from hotload.api.pod import CONDITION_SNAPSHOT_READY, SIDECAR_ANNOTATIONS
 from hotload.errors import KubeError, KubeNotFound
 from hotload.kube import kube_errors
+from hotload.kube.raw import read_json
 from hotload.retry import Backoff, RetryPolicy
 from hotload.sidecar.pod_report import (
     PodAnnotations,
@@ -54,21 +57,25 @@ class ObservedPod:
     uid: str | None
 
 
-def _observed(pod: Any) -> ObservedPod:
+def _observed(pod: Mapping[str, Any]) -> ObservedPod:
+    """Our part of a Pod from its JSON (read or patch answers are not decoded into the
+    client's models: a thousand agents in one shared host would spend a millisecond each)."""
+    metadata = pod.get("metadata") or {}
     annotations = {
         key: value
-        for key, value in (pod.metadata.annotations or {}).items()
-        if key in SIDECAR_ANNOTATIONS
+        for key, value in (metadata.get("annotations") or {}).items()
+        if key in SIDECAR_ANNOTATIONS and isinstance(value, str)
     }
     status: bool | None = None
     reason = message = None
     transition: datetime | None = None
-    for condition in (pod.status.conditions if pod.status else None) or []:
-        if condition.type == CONDITION_SNAPSHOT_READY:
-            status = condition.status == "True"
-            reason, message = condition.reason, condition.message
-            transition = condition.last_transition_time
-    return ObservedPod(annotations, status, reason, message, transition, pod.metadata.uid)
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if isinstance(condition, dict) and condition.get("type") == CONDITION_SNAPSHOT_READY:
+            status = condition.get("status") == "True"
+            reason, message = condition.get("reason"), condition.get("message")
+            transition = parse_time(condition.get("lastTransitionTime"))
+    uid = metadata.get("uid")
+    return ObservedPod(annotations, status, reason, message, transition, uid)
 
 
 def annotations_differ(wanted: PodAnnotations, observed: ObservedPod) -> bool:
@@ -97,7 +104,8 @@ class PodWriter:
         *,
         check_interval_s: float = DEFAULT_CHECK_INTERVAL_S,
     ) -> None:
-        self._core = CoreV1Api(api)
+        # Any: the calls pass the client's private _preload_content option.
+        self._core: Any = CoreV1Api(api)
         self.namespace = namespace
         self.name = name
         self._backoff = Backoff(retry)
@@ -124,7 +132,9 @@ class PodWriter:
     async def observe(self) -> ObservedPod:
         """Read the Pod (a restarted sidecar resumes its report from it)."""
         with kube_errors(**self._context()):
-            pod = await self._core.read_namespaced_pod(self.name, self.namespace)
+            pod = await read_json(
+                self._core.read_namespaced_pod(self.name, self.namespace, _preload_content=False)
+            )
         self._observed = _observed(pod)
         return self._observed
 
@@ -194,8 +204,13 @@ class PodWriter:
         annotations, gate = self._wanted_annotations, self._wanted_gate
         if annotations is not None and annotations_differ(annotations, observed):
             with kube_errors(**self._context(), write="annotations"):
-                pod = await self._core.patch_namespaced_pod(
-                    self.name, self.namespace, annotation_patch(annotations)
+                pod = await read_json(
+                    self._core.patch_namespaced_pod(
+                        self.name,
+                        self.namespace,
+                        annotation_patch(annotations),
+                        _preload_content=False,
+                    )
                 )
             self._observed = observed = _observed(pod)
             self._count(repair, "annotations")
@@ -204,8 +219,13 @@ class PodWriter:
             if observed.gate_status != gate.ready or moment is None:
                 moment = datetime.now(UTC)
             with kube_errors(**self._context(), write="condition"):
-                pod = await self._core.patch_namespaced_pod_status(
-                    self.name, self.namespace, condition_patch(gate, moment)
+                pod = await read_json(
+                    self._core.patch_namespaced_pod_status(
+                        self.name,
+                        self.namespace,
+                        condition_patch(gate, moment),
+                        _preload_content=False,
+                    )
                 )
             self._observed = _observed(pod)
             self._count(repair, "condition")

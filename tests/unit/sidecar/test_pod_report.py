@@ -78,6 +78,12 @@ def test_gate_stays_true_while_behind_the_target_without_max_stale() -> None:
     assert gate.ready and gate.reason == reasons.VERIFIED
 
 
+def test_gate_is_the_same_condition_for_every_verified_snapshot() -> None:
+    # A delta changes the annotations only: no pods/status write per replica per snapshot.
+    assert readiness_gate(3, "s-3", 4, None) == readiness_gate(4, "s-4", 4, None)
+    assert readiness_gate(4, "s-4", 4, 2) == readiness_gate(5, "s-5", 6, 2)
+
+
 def test_gate_turns_false_when_more_than_max_stale_steps_behind() -> None:
     assert readiness_gate(3, "s-3", 5, 2).ready
     stale = readiness_gate(3, "s-3", 6, 2)
