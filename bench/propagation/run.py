@@ -349,6 +349,18 @@ class SizeResult:
             for key in (self.snapshots[0]["cost"] if self.snapshots else {})
         }
         target_set = [s["target_set_s"] for s in self.snapshots if s["target_set_s"] is not None]
+        components = sorted(
+            {name for s in self.snapshots for name in s.get("cpu_seconds_by_component", {})}
+        )
+        cpu_by_component = {
+            name: round(
+                statistics.median(
+                    s.get("cpu_seconds_by_component", {}).get(name, 0.0) for s in self.snapshots
+                ),
+                2,
+            )
+            for name in components
+        }
         return {
             "replicas": self.replicas,
             "snapshots": len(self.snapshots),
@@ -367,6 +379,7 @@ class SizeResult:
             if per_snapshot
             else None,
             "median_cost_per_snapshot": {k: round(v, 3) for k, v in costs.items()},
+            "median_cpu_seconds_per_snapshot_by_component": cpu_by_component,
             "first_full_all_ready_s": self.first_full_all_ready_s,
             "ledger_bytes_per_snapshot_object": self.ledger_bytes,
             "deployment_status_bytes": self.deployment_status_bytes,
@@ -699,10 +712,36 @@ def markdown(document: dict[str, Any]) -> str:
             f"| {row['operator_status_writes_ratio']} | {row['operator_api_requests_ratio']} "
             f"| {row['operator_cpu_seconds_ratio']} | {row['p50_ratio']} |"
         )
+    lines += _cpu_table(document["sizes"])
     analysis = Path(__file__).with_name("analysis.md")
     if analysis.exists():
         lines += ["", analysis.read_text().rstrip()]
     return "\n".join(lines) + "\n"
+
+
+def _cpu_table(sizes: list[dict[str, Any]]) -> list[str]:
+    """Where the machine's CPU goes per snapshot: each component's median CPU seconds, and
+    the total per replica (the whole region shares this machine's cores)."""
+    key = "median_cpu_seconds_per_snapshot_by_component"
+    by_size: list[tuple[int, dict[str, float]]] = [
+        (s["replicas"], s[key]) for s in sizes if s.get(key)
+    ]
+    if not by_size:
+        return []
+    names = sorted({name for _, cpu in by_size for name in cpu})
+    lines = [
+        "",
+        "CPU seconds per snapshot by process (median; every process of the region runs on "
+        "this machine):",
+        "",
+        "| replicas | " + " | ".join(names) + " | total | total per replica |",
+        "|---|" + "---|" * (len(names) + 2),
+    ]
+    for replicas, cpu in by_size:
+        total = sum(cpu.values())
+        cells = " | ".join(f"{cpu.get(name, 0.0):.2f}" for name in names)
+        lines.append(f"| {replicas} | {cells} | {total:.2f} | {total / replicas * 1000:.1f} ms |")
+    return lines
 
 
 def _ratio(cost: dict[str, float], base: dict[str, float], key: str) -> float | None:
