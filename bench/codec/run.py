@@ -1,4 +1,4 @@
-"""Benchmark hotload-delta/v2 on real fine-tuning snapshots against the baselines.
+"""Benchmark hotload-delta/v3 on real fine-tuning snapshots against the baselines.
 
     ~/.cache/hotload/venv/bin/python bench/codec/run.py [--steps 30] [--gap 25]
 
@@ -7,9 +7,10 @@ Adam at lr 1e-6 and 1e-5, saves a bf16 snapshot after every step, and for adjace
 steps and for a 25-step gap measures: the fraction of elements changed; hotload's
 compression ratio (full tensor bytes / every stored byte, manifest included) with the
 context codec and in order-0 mode (the context codec with one class, no exponent);
-the manifest's share; encode and decode throughput (MB/s of rebuilt weights, at 1 and
+the manifest's share (and, as its baseline, the share the same manifest had in v2's
+columnar JSON); encode and decode throughput (MB/s of rebuilt weights, at 1 and
 2 threads, decode counting every verification); the entropy bounds; and the baselines
-(bench/codec/baselines.py, and v2 without the context codec, i.e. v1's codecs).
+(bench/codec/baselines.py, and the format without the context codec, i.e. v1's codecs).
 Every decode is checked bit-exact. Writes ``results.json`` and ``RESULTS.md`` here.
 """
 
@@ -47,6 +48,7 @@ from hotload.snapshot import (  # noqa: E402
     rebuild,
 )
 from hotload.snapshot.codec.context_kernels import NATIVE  # noqa: E402
+from hotload.snapshot.manifest_codec import FORMAT_V2, dump_document  # noqa: E402
 from hotload.snapshot.safetensors_file import read_header  # noqa: E402
 from hotload.snapshot.tensor_files import mapped_shards  # noqa: E402
 
@@ -71,6 +73,24 @@ def add_record(directory: Path) -> None:
         digest = index.digest()
     record = {"identity": "prev", "step": 0, "kind": "Full", "tensorDigest": digest}
     (directory / REBUILT_NAME).write_text(json.dumps(record))
+
+
+def v2_manifest_bytes(result: Any, previous: Path) -> int:
+    """Bytes of the same manifest as v2 stored it (columnar JSON in zstd, each referenced
+    file's own sha256, every change count): the baseline of v3's binary table."""
+    import hashlib
+
+    document = result.manifest.model_dump(mode="json", by_alias=True, exclude_none=True)
+    document["format"] = FORMAT_V2
+    document.pop("referencedDigest", None)
+    for entry in document.get("referenced", []):
+        data = (previous / entry["path"]).read_bytes()
+        entry["hash"] = hashlib.sha256(data).hexdigest()
+    counts = {t.name: t.changed for t in result.tensors}
+    for tensor in document["tensors"]:
+        if counts.get(tensor["name"]) is not None:
+            tensor["changed"] = counts[tensor["name"]]
+    return len(dump_document(document))
 
 
 def timed(fn: Any) -> tuple[Any, float]:
@@ -123,6 +143,10 @@ def measure_pair(previous: Path, current: Path, work: Path, label: str) -> dict[
     row["storedBytes"] = result.stored_bytes
     row["manifestBytes"] = len(result.manifest.dumps())
     row["manifestShare"] = row["manifestBytes"] / result.stored_bytes
+    row["manifestBytesV2"] = v2_manifest_bytes(result, previous)
+    row["manifestShareV2"] = row["manifestBytesV2"] / (
+        result.stored_bytes - row["manifestBytes"] + row["manifestBytesV2"]
+    )
     row["ratio"] = result.ratio
     for label, options in (
         ("order0Mode", CodecOptions(context_classes=1)),
@@ -249,6 +273,11 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "v1CodecsRatio": median(rows, "v1CodecsRatio"),
         "manifestShare": median(rows, "manifestShare"),
         "maxManifestShare": max(row["manifestShare"] for row in rows),
+        "manifestBytes": median(rows, "manifestBytes"),
+        "maxManifestBytes": max(row["manifestBytes"] for row in rows),
+        "manifestShareV2": median(rows, "manifestShareV2"),
+        "maxManifestShareV2": max(row["manifestShareV2"] for row in rows),
+        "manifestBytesV2": median(rows, "manifestBytesV2"),
         "encodeMBps1": median(rows, "encodeMBps", "1"),
         "encodeMBps2": median(rows, "encodeMBps", "2"),
         "decodeMBps1": median(rows, "decodeMBps", "1"),
@@ -358,7 +387,7 @@ def main() -> None:
 def render(results: dict[str, Any]) -> str:
     m = results["machine"]
     lines = [
-        "# hotload-delta/v2 codec benchmark",
+        "# hotload-delta/v3 codec benchmark",
         "",
         f"Command: `{results['command']}` (from the repository root; {results['seconds']} s).",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memoryGiB']} GiB; {m['platform']}; "
@@ -436,7 +465,12 @@ def render(results: dict[str, Any]) -> str:
             f"{adjacent['minOrder0ModeVsOrder0']:.2f} — "
             f"{met(adjacent['minOrder0ModeVsOrder0'] >= 0.90)}",
             f"- manifest ≤ 3% of the delta: median {100 * adjacent['manifestShare']:.2f}%, "
-            f"largest {100 * adjacent['maxManifestShare']:.2f}% — "
+            f"largest {100 * adjacent['maxManifestShare']:.2f}% "
+            f"({adjacent['manifestBytes']:.0f} B median, {adjacent['maxManifestBytes']} B "
+            "largest; the same manifests as v2 stored them, measured in the same run: "
+            f"{adjacent['manifestBytesV2']:.0f} B, median "
+            f"{100 * adjacent['manifestShareV2']:.2f}%, largest "
+            f"{100 * adjacent['maxManifestShareV2']:.2f}%) — "
             f"{met(adjacent['maxManifestShare'] <= 0.03)}",
             "- decode ≥ 1 GB/s per core (one thread, verification included; per core = "
             "rebuilt bytes / CPU seconds the decode spent, wall clock beside it): patching "

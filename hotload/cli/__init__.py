@@ -76,7 +76,7 @@ SUBCOMMANDS: Final = (
     LazyCommand(
         "snapshot",
         "hotload.cli.snapshot:snapshot_app",
-        "Encode, decode, verify and inspect hotload-delta/v2 snapshots.",
+        "Encode, decode, verify and inspect hotload-delta/v3 snapshots.",
     ),
     LazyCommand(
         "publish",

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 snapshot_app = typer.Typer(
     name="snapshot",
-    help="Encode, decode, verify and inspect hotload-delta/v2 snapshots.",
+    help="Encode, decode, verify and inspect hotload-delta/v3 snapshots.",
     no_args_is_help=True,
     rich_markup_mode=None,
 )

@@ -28,7 +28,7 @@ from hotload.api import SnapshotKind
 from hotload.errors import ChainBroken, DecodeFailed
 from hotload.snapshot.codec.tensor_codec import ChunkJob, needs_previous, plan_decode
 from hotload.snapshot.delta_files import DeltaFiles
-from hotload.snapshot.digest import file_digest, tensor_hash, tensor_set_digest
+from hotload.snapshot.digest import file_digest, referenced_digest, tensor_hash, tensor_set_digest
 from hotload.snapshot.dtypes import DTYPES
 from hotload.snapshot.in_place import (
     can_patch_in_place,
@@ -202,18 +202,33 @@ def _check_previous(previous: Path, manifest: Manifest, index: TensorIndex, veri
 
 
 def _check_referenced(previous: Path, manifest: Manifest) -> None:
+    """Every referenced file is in the previous directory with its size and hash: each
+    against its own hash (v1/v2) or all of them against ``referencedDigest`` (v3)."""
+    found: list[tuple[str, int, str]] = []
     for entry in manifest.referenced:
         source = inside(previous, entry.path)
-        if (
-            not source.is_file()
-            or source.stat().st_size != entry.size
-            or file_digest(source, manifest.file_hash) != entry.hash
-        ):
+        if not source.is_file() or source.stat().st_size != entry.size:
+            raise ChainBroken(
+                "a file the delta references is missing or of another size in the previous "
+                "directory",
+                identity=manifest.identity,
+                file=entry.path,
+            )
+        digest = file_digest(source, manifest.file_hash)
+        if entry.hash is not None and digest != entry.hash:
             raise ChainBroken(
                 "a file the delta references differs in the previous directory",
                 identity=manifest.identity,
                 file=entry.path,
             )
+        found.append((entry.path, entry.size, digest))
+    expected = manifest.referenced_digest
+    if expected is not None and referenced_digest(found) != expected:
+        raise ChainBroken(
+            "the files the delta references differ in the previous directory",
+            identity=manifest.identity,
+            files=[path for path, _, _ in found][:5],
+        )
 
 
 def _check_previous_directory(previous: Path, manifest: Manifest, verify: bool) -> None:
@@ -235,8 +250,8 @@ def _rebuild_incremental(
 ) -> None:
     before = scan(previous)
     _check_referenced(previous, manifest)
-    for entry in manifest.referenced:
-        copy_file(inside(previous, entry.path), inside(staging, entry.path))
+    for referenced in manifest.referenced:
+        copy_file(inside(previous, referenced.path), inside(staging, referenced.path))
     for entry in manifest.files:
         target = inside(staging, entry.path)
         copy_file(inside(snapshot, entry.path), target)

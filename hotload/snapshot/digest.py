@@ -2,7 +2,8 @@
 
 sha256 guards what crossed the network (cheap: deltas are small); xxh3-128 guards what
 the decoder produced, at memory speed. ``tensor_set_digest`` condenses a snapshot's
-tensor hashes into one value, so a delta can name exactly which weights it applies to.
+tensor hashes into one value, so a delta can name exactly which weights it applies to;
+``referenced_digest`` does the same for the files a v3 delta references.
 """
 
 from __future__ import annotations
@@ -34,6 +35,16 @@ def tensor_set_digest(hashes: Iterable[tuple[str, str]]) -> str:
     state = xxhash.xxh3_128()
     for name, digest in sorted(hashes):
         state.update(name.encode("utf-8", "surrogatepass") + b"\0" + digest.encode() + b"\n")
+    return state.hexdigest()
+
+
+def referenced_digest(entries: Iterable[tuple[str, int, str]]) -> str:
+    """sha256 over ``path NUL size NUL sha256 LF`` of every (path, size, sha256 hex), in the
+    manifest's order: one commitment to every file a v3 delta takes from the previous
+    directory, as strong as a sha256 each and 32 bytes instead of 32 per file."""
+    state = hashlib.sha256()
+    for path, size, digest in entries:
+        state.update(f"{path}\0{size}\0{digest}\n".encode("utf-8", "surrogatepass"))
     return state.hexdigest()
 
 

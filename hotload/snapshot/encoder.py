@@ -2,8 +2,9 @@
 
 An incremental snapshot holds, per shard of the current weights, one delta file with
 every changed tensor's payload (and the shard's header when it changed), plus the
-non-tensor files that changed; unchanged files are referenced by hash. The manifest is
-written last, then the directory is renamed into place (docs/snapshot-format.md).
+non-tensor files that changed; unchanged files are referenced (one hash over them all).
+The manifest is written last, then the directory is renamed into place
+(docs/snapshot-format.md).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from hotload.api import SnapshotKind
 from hotload.errors import ConfigError
 from hotload.snapshot.codec.frames import compress_bytes
 from hotload.snapshot.codec.tensor_codec import CodecOptions, encode_tensor
-from hotload.snapshot.digest import bytes_digest, file_digest, tensor_hash
+from hotload.snapshot.digest import bytes_digest, file_digest, referenced_digest, tensor_hash
 from hotload.snapshot.layout import CONFIG, ModelDir, check_config_change, scan
 from hotload.snapshot.manifest import (
     MANIFEST_NAME,
@@ -27,6 +28,7 @@ from hotload.snapshot.manifest import (
     CodecId,
     FileHash,
     Manifest,
+    ReferencedFile,
     ShardEntry,
     StoredFile,
     TensorEntry,
@@ -35,6 +37,9 @@ from hotload.snapshot.staging import copy_file, staged_directory, write_bytes
 from hotload.snapshot.tensor_files import TensorSource, mapped_shards
 
 log = logging.getLogger(__name__)
+
+_COUNTED = frozenset((CodecId.SPARSE, CodecId.CONTEXT))
+"""Codecs whose payload holds the changed count: the manifest leaves it out (v3)."""
 
 HEADER_LEVEL = 19
 """zstd level for stored shard headers (small, very repetitive JSON)."""
@@ -276,7 +281,12 @@ def write_incremental(
             ignored_config_fields=ignored,
             files=files,
             deltas=deltas,
-            referenced=referenced,
+            referenced=[ReferencedFile(path=e.path, size=e.size) for e in referenced],
+            referenced_digest=(
+                referenced_digest((e.path, e.size, e.hash) for e in referenced)
+                if referenced
+                else None
+            ),
             removed=sorted(set(old.by_name) - {t.name for t in tensors}),
             shards=shards,
             tensors=tensors,
@@ -340,7 +350,7 @@ def _encode_shards(
                         codec=encoded.codec,
                         hash=tensor_hash(shard.raw(info)),
                         data=data,
-                        changed=encoded.changed,
+                        changed=None if encoded.codec in _COUNTED else encoded.changed,
                     )
                 )
                 reports.append(

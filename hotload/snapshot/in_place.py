@@ -252,7 +252,7 @@ def _stash_leftovers(
     work: Path, manifest: Manifest, backups: list[tuple[Path, Path | None]]
 ) -> None:
     """Set aside files of the previous snapshot that the new one does not have."""
-    keep = {e.path for e in (*manifest.files, *manifest.referenced)}
+    keep = {e.path for e in manifest.files} | {e.path for e in manifest.referenced}
     keep |= {s.path for s in manifest.shards}
     model = scan(work)
     for relpath in (*model.shards, *model.others):

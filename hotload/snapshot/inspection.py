@@ -1,11 +1,18 @@
-"""What a snapshot holds and how well it compressed, from its manifest alone."""
+"""What a snapshot holds and how well it compressed, from its manifest (and, for the
+changed counts a v3 manifest leaves to ``sparse`` and ``context`` payloads, their
+chunk headers)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from hotload.snapshot.manifest import MANIFEST_NAME, CodecId, Manifest, read_manifest
+from hotload.snapshot.codec.tensor_codec import payload_changes
+from hotload.snapshot.dtypes import DTYPES
+from hotload.snapshot.manifest import MANIFEST_NAME, CodecId, Manifest, TensorEntry, read_manifest
+from hotload.snapshot.paths import inside
+
+_COUNTED = frozenset((CodecId.SPARSE, CodecId.CONTEXT))
 
 
 @dataclass(frozen=True)
@@ -78,7 +85,7 @@ def inspect_snapshot(snapshot: Path) -> SnapshotReport:
             shape=tuple(t.shape),
             codec=t.codec,
             numel=t.numel,
-            changed=t.changed,
+            changed=_changed(snapshot, t),
             stored_bytes=t.nbytes
             if t.codec is CodecId.STORED
             else (t.data.length if t.data else 0),
@@ -87,3 +94,19 @@ def inspect_snapshot(snapshot: Path) -> SnapshotReport:
         for t in manifest.tensors
     )
     return SnapshotReport(manifest, manifest_bytes, summaries)
+
+
+def _changed(snapshot: Path, tensor: TensorEntry) -> int | None:
+    """The manifest's count, or the payload's own when the manifest leaves it out."""
+    if tensor.changed is not None or tensor.codec not in _COUNTED or tensor.data is None:
+        return tensor.changed
+    path = inside(snapshot, tensor.data.file)
+    if not path.is_file():
+        return None  # only the manifest is here: the count is unknown
+    with path.open("rb") as handle:
+        handle.seek(tensor.data.offset)
+        payload = handle.read(tensor.data.length)
+    width = DTYPES[tensor.dtype].width
+    return payload_changes(
+        tensor.codec, memoryview(payload), tensor.numel, width, tensor=tensor.name
+    )

@@ -30,17 +30,24 @@ from hotload.snapshot.limits import (
     MAX_TENSOR_BYTES,
     MAX_TENSORS,
 )
-from hotload.snapshot.manifest_codec import FORMAT_V1, FORMAT_V2, dump_document, load_document
+from hotload.snapshot.manifest_codec import (
+    FORMAT_V1,
+    FORMAT_V2,
+    READABLE_FORMATS,
+    dump_document,
+    load_document,
+)
+from hotload.snapshot.manifest_table import FORMAT_V3
 from hotload.snapshot.paths import safe_relpath
 
 MANIFEST_NAME: Final = "hotload-manifest.json"
 """Written last into every snapshot prefix: no manifest, no snapshot."""
 
-FORMAT: Final = FORMAT_V2
+FORMAT: Final = FORMAT_V3
 """The format and version we write; also the CRD's ``incremental.compressionFormat``."""
 
-FORMATS: Final = (FORMAT_V1, FORMAT)
-"""Every format and version a reader accepts."""
+FORMATS: Final = READABLE_FORMATS
+"""Every format and version a reader accepts (the operator accepts these in the CRD)."""
 
 TENSOR_HASH: Final = "xxh3-128"
 """The only rebuilt-tensor hash of v1."""
@@ -109,6 +116,18 @@ class StoredFile(_Model):
     size: Size
     hash: Annotated[str, Field(pattern=r"^[0-9a-f]{8}([0-9a-f]{56})?$")]
     """Hex digest in the manifest's ``fileHash`` family."""
+
+
+class ReferencedFile(_Model):
+    """A file of the rebuilt snapshot unchanged since the previous one, not stored here.
+
+    v1/v2 give each its sha256 (``hash``); v3 gives none and commits to all of them at
+    once with the manifest's ``referencedDigest`` (docs/snapshot-format.md, §4).
+    """
+
+    path: SafePath
+    size: Size
+    hash: Annotated[str, Field(pattern=r"^[0-9a-f]{8}([0-9a-f]{56})?$")] | None = None
 
 
 class ByteRange(_Model):
@@ -183,7 +202,7 @@ class Manifest(_Model):
     """Everything a reader needs to fetch, verify and rebuild one snapshot."""
 
     format: str = FORMAT
-    """``hotload-delta/v2`` (written) or ``hotload-delta/v1`` (read); others are refused."""
+    """``hotload-delta/v3`` (written), ``/v2`` or ``/v1`` (read); others are refused."""
     identity: Identity
     step: Annotated[int, Field(ge=0)]
     kind: SnapshotKind
@@ -199,8 +218,11 @@ class Manifest(_Model):
     """Files of the rebuilt snapshot stored here as they are (a Full: all of them)."""
     deltas: list[StoredFile] = Field(default_factory=list)
     """Incremental only: the encoded tensor data, read by the decoder."""
-    referenced: list[StoredFile] = Field(default_factory=list)
+    referenced: list[ReferencedFile] = Field(default_factory=list)
     """Incremental only: files unchanged since the previous snapshot, not copied."""
+    referenced_digest: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    """v3, when ``referenced`` is not empty: sha256 committing to every referenced file
+    (path, size, sha256; :func:`hotload.snapshot.digest.referenced_digest`)."""
     shards: list[ShardEntry] = Field(default_factory=list)
     removed: Annotated[list[str], Field(max_length=MAX_TENSORS)] = Field(default_factory=list)
     """Incremental only: tensors of the previous snapshot that this one no longer has."""
@@ -223,10 +245,7 @@ class Manifest(_Model):
             raise ValueError(f"a {self.kind.value} snapshot is complete: no deltas, no references")
         if len(self.files) + len(self.deltas) + len(self.referenced) > MAX_FILES:
             raise ValueError("too many files")
-        pattern = _HEX[self.file_hash]
-        for entry in (*self.files, *self.deltas, *self.referenced):
-            if not re.match(pattern, entry.hash):
-                raise ValueError(f"{entry.path}: hash is not a {self.file_hash.value} digest")
+        self._check_file_hashes()
         outputs = [f.path for f in self.files]
         outputs += [f.path for f in self.referenced]
         shard_paths = [s.path for s in self.shards]
@@ -252,7 +271,7 @@ class Manifest(_Model):
             if (tensor.codec is CodecId.STORED) == incremental:
                 raise ValueError(f"tensor {tensor.name!r}: codec {tensor.codec} in a {self.kind}")
             if tensor.codec is CodecId.CONTEXT and self.format == FORMAT_V1:
-                raise ValueError(f"tensor {tensor.name!r}: codec context needs {FORMAT}")
+                raise ValueError(f"tensor {tensor.name!r}: codec context needs {FORMAT_V2}")
             if tensor.data is not None:
                 _check_range(tensor.data, delta_sizes, tensor.name)
         if seen & set(self.removed) or len(set(self.removed)) != len(self.removed):
@@ -263,6 +282,21 @@ class Manifest(_Model):
                     raise ValueError("a Full snapshot's shard headers are in the shards")
                 _check_range(shard.header, delta_sizes, shard.path)
         return self
+
+    def _check_file_hashes(self) -> None:
+        v3 = self.format == FORMAT_V3
+        if v3 and self.file_hash is not FileHash.SHA256:
+            raise ValueError(f"{FORMAT_V3} stores sha256 file hashes only")
+        if any((entry.hash is None) != v3 for entry in self.referenced):
+            raise ValueError(f"referenced files carry a hash before {FORMAT_V3}, none in it")
+        if (self.referenced_digest is not None) != (v3 and bool(self.referenced)):
+            raise ValueError(f"referencedDigest is required for (and only for) {FORMAT_V3}")
+        pattern = _HEX[self.file_hash]
+        hashes = [(entry.path, entry.hash) for entry in (*self.files, *self.deltas)]
+        hashes += [(entry.path, entry.hash) for entry in self.referenced if entry.hash]
+        for path, digest in hashes:
+            if not re.match(pattern, digest):
+                raise ValueError(f"{path}: hash is not a {self.file_hash.value} digest")
 
     def files_to_fetch(self) -> list[str]:
         """Relative paths to download from ``<prefix>/<identity>/`` (validated; no manifest)."""
@@ -278,7 +312,8 @@ class Manifest(_Model):
 
     def dumps(self) -> bytes:
         """The manifest as stored: v1 compact camelCase JSON; v2 the same document with a
-        columnar tensor table, zstd-compressed (:mod:`manifest_codec`)."""
+        columnar tensor table, zstd-compressed; v3 a binary table, zstd-compressed
+        (:mod:`manifest_codec`)."""
         document = self.model_dump(mode="json", by_alias=True, exclude_none=True)
         return dump_document(document)
 

@@ -1,4 +1,4 @@
-"""The manifest's bytes: v1 JSON, and v2's compact form (columnar tensors, zstd).
+"""The manifest's bytes: v1 JSON, v2's compact form (columnar tensors, zstd), v3's table.
 
 In v1 every tensor is a JSON object (~250 bytes), which made the manifest about 12% of
 an RL delta of a small model. v2 keeps the same document but stores the tensors as
@@ -6,12 +6,15 @@ columns (names together, hashes as one hex string, shard and delta files as inde
 each payload's offset as the bytes skipped since the previous payload in the same
 file: 0 when they follow each other, as the reference writer lays them out) and
 compresses the whole with zstd, so what remains is mostly the tensors' hashes
-(docs/snapshot-format.md, "The manifest"). The file keeps its name
-(``hotload-manifest.json``); a reader tells the forms apart by the zstd magic number.
+(docs/snapshot-format.md, "The manifest"). That still left it at 3-4% of such a delta;
+v3 stores the same document as a binary table (:mod:`manifest_table`) in the zstd frame.
+The file keeps its name (``hotload-manifest.json``); a reader tells the forms apart by
+the zstd magic number and, inside the frame, by the table's magic or a ``{``.
 
-A v2 reader also accepts the tensors as a list of objects, as in v1 (uncompressed or
-not): hand-written and tool-edited manifests stay plain JSON. This module only converts
-bytes to documents and back; :mod:`manifest` validates them.
+A reader also accepts any version as a JSON document with the tensors as a list of
+objects, as in v1 (uncompressed or not): hand-written and tool-edited manifests stay
+plain JSON. This module only converts bytes to documents and back; :mod:`manifest`
+validates them.
 """
 
 from __future__ import annotations
@@ -23,9 +26,12 @@ import zstandard
 
 from hotload.errors import ManifestInvalid, SizeLimitExceeded
 from hotload.snapshot.limits import MAX_MANIFEST_BYTES
+from hotload.snapshot.manifest_table import FORMAT_V3, MAGIC, dump_table, load_table
 
 FORMAT_V1: Final = "hotload-delta/v1"
 FORMAT_V2: Final = "hotload-delta/v2"
+READABLE_FORMATS: Final = (FORMAT_V1, FORMAT_V2, FORMAT_V3)
+"""Every format and version this reader implements, oldest first."""
 ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
 _COLUMNS: Final = ("name", "dtype", "shape", "file", "codec", "hash", "data", "changed")
 _HASH_HEX: Final = 32
@@ -35,19 +41,24 @@ def dump_document(document: dict[str, Any]) -> bytes:
     """The stored bytes of a manifest document (camelCase, unset optionals left out)."""
     if document.get("format") == FORMAT_V1:
         return _json(document)
-    compact = dict(document)
-    compact["tensors"] = _columns(document)
-    text = _json(compact)
+    if document.get("format") == FORMAT_V2:
+        compact = dict(document)
+        compact["tensors"] = _columns(document)
+        text = _json(compact)
+    else:
+        text = dump_table(document)
     level = 19 if len(text) < 1 << 20 else 9
     compressor = zstandard.ZstdCompressor(level=level, write_content_size=True)
     return bytes(compressor.compress(text))
 
 
 def load_document(data: bytes) -> dict[str, Any]:
-    """The manifest document in ``data`` (either form), v2 tensors expanded to objects."""
+    """The manifest document in ``data`` (any form), v2 tensors expanded to objects."""
     if len(data) > MAX_MANIFEST_BYTES:
         raise SizeLimitExceeded("manifest over its size limit", size=len(data))
     text = _decompress(data) if data[:4] == ZSTD_MAGIC else data
+    if data[:4] == ZSTD_MAGIC and text[: len(MAGIC)] == MAGIC:
+        return load_table(text)
     try:
         document = json.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
@@ -55,9 +66,9 @@ def load_document(data: bytes) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise ManifestInvalid("manifest is not a JSON object")
     declared = document.get("format")
-    if declared not in (FORMAT_V1, FORMAT_V2):
+    if declared not in READABLE_FORMATS:
         raise ManifestInvalid(
-            "unsupported snapshot format", expected=[FORMAT_V1, FORMAT_V2], found=declared
+            "unsupported snapshot format", expected=READABLE_FORMATS, found=declared
         )
     if declared == FORMAT_V2 and isinstance(document.get("tensors"), dict):
         document["tensors"] = _rows(document)

@@ -281,6 +281,18 @@ def plan_decode(
     raise DecodeFailed("codec has no payload", tensor=tensor, codec=str(codec))
 
 
+def payload_changes(
+    codec: CodecId, payload: memoryview, numel: int, width: int, *, tensor: str
+) -> int:
+    """The changed-element count a ``sparse`` or ``context`` payload declares (its chunk
+    headers only; no frame or stream is opened); :class:`DecodeFailed` if malformed."""
+    if codec is CodecId.SPARSE:
+        return sum(c.changes for c in sparse.parse(payload, numel, width, tensor=tensor))
+    if codec is CodecId.CONTEXT:
+        return sum(c.changes for c in context.parse(payload, numel, width, tensor=tensor))
+    raise DecodeFailed("codec does not count its changes", tensor=tensor, codec=str(codec))
+
+
 def needs_previous(codec: CodecId) -> bool:
     """Whether the output must start as the previous tensor's bits."""
     return codec in (

@@ -1,4 +1,4 @@
-"""Write the golden vectors of hotload-delta/v2 (docs/snapshot-format.md, "Golden vectors").
+"""Write the golden vectors of hotload-delta/v3 (docs/snapshot-format.md, "Golden vectors").
 
     ~/.cache/hotload/venv/bin/python tests/golden/snapshot/generate.py
 
@@ -8,7 +8,8 @@ with a changed ignored config field, a new tensor, a removed one), ``full/`` (th
 snapshot of ``previous``), ``delta/`` (the Incremental from ``previous`` to ``current``,
 codecs chosen by size) and ``delta-<codec>/`` (the same with one codec forced), and
 ``expected.json``: per snapshot, the sha256 of every file of its rebuilt directory.
-The vectors of v1 (tests/golden/snapshot-v1) are frozen: readers must still rebuild them.
+The vectors of v1 and v2 (tests/golden/snapshot-v1, tests/golden/snapshot-v2) are frozen:
+readers must still rebuild them.
 """
 
 from __future__ import annotations

@@ -45,6 +45,17 @@ def resign(snapshot: Path, edit: Callable[[Document], None] | None = None) -> Do
     return document
 
 
+def as_v2(document: Document, previous: Path) -> Document:
+    """The same manifest as v2 wrote it: each referenced file with its own sha256 (taken
+    from ``previous``), no ``referencedDigest``."""
+    older: Document = json.loads(json.dumps(document))
+    older["format"] = "hotload-delta/v2"
+    older.pop("referencedDigest", None)
+    for entry in older.get("referenced", []):
+        entry["hash"] = hashlib.sha256((previous / entry["path"]).read_bytes()).hexdigest()
+    return older
+
+
 def tensor(document: Document, name: str) -> Document:
     entry: Document = next(t for t in document["tensors"] if t["name"] == name)
     return entry

@@ -92,7 +92,37 @@ def test_previous_holding_another_identity_is_chain_broken(chain: Chain) -> None
 
 def test_referenced_file_differing_in_previous_is_chain_broken(chain: Chain) -> None:
     (chain.rebuilt_v1 / "tokenizer.json").write_text('{"vocab": ["changed"]}')
+    error = rebuild_fails(chain, ChainBroken)
+    assert error.context["file"] == "tokenizer.json"  # another size: named at once
+
+
+def same_size_edit(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_referenced_file_differing_in_content_only_fails_the_referenced_digest(
+    chain: Chain,
+) -> None:
+    assert chain.delta.manifest.referenced_digest is not None
+    same_size_edit(chain.rebuilt_v1 / "tokenizer.json")
+    error = rebuild_fails(chain, ChainBroken)
+    assert "tokenizer.json" in error.context["files"]
+
+
+def test_a_lying_referenced_digest_is_chain_broken(chain: Chain) -> None:
+    tampering.resign(chain.snapshot, lambda d: d.update(referencedDigest="0" * 64))
     rebuild_fails(chain, ChainBroken)
+
+
+def test_v2_manifest_checks_each_referenced_file_by_its_own_hash(chain: Chain) -> None:
+    document = tampering.as_v2(tampering.load(chain.snapshot), chain.rebuilt_v1)
+    tampering.save(chain.snapshot, document)
+    rebuild(chain.rebuilt_v1, chain.snapshot, chain.root / "ok")  # v2 still rebuilds
+    same_size_edit(chain.rebuilt_v1 / "tokenizer.json")
+    error = rebuild_fails(chain, ChainBroken)
+    assert error.context["file"] == "tokenizer.json"
 
 
 def test_manifest_listing_a_missing_file_is_a_checksum_mismatch(chain: Chain) -> None:
@@ -125,8 +155,15 @@ def test_removed_tensors_disagreeing_with_the_previous_is_chain_broken(chain: Ch
 
 
 def test_changed_count_disagreeing_with_the_payload_is_decode_failed(chain: Chain) -> None:
+    # v3 leaves a sparse or context tensor's count to its payload; a manifest that
+    # states one anyway (as v1/v2 did, or hand-written) must agree with it
+    counted = next(t.changed for t in chain.delta.tensors if t.name == "embed.weight")
+    assert counted
+
     def lie(document: tampering.Document) -> None:
-        tampering.tensor(document, "embed.weight")["changed"] -= 1
+        entry = tampering.tensor(document, "embed.weight")
+        assert entry["codec"] in ("sparse", "context") and "changed" not in entry
+        entry["changed"] = counted - 1
 
     tampering.resign(chain.snapshot, lie)
     rebuild_fails(chain, DecodeFailed)
@@ -293,9 +330,9 @@ def test_unknown_codec_id_is_manifest_invalid(chain: Chain) -> None:
 
 
 def test_unknown_format_version_is_manifest_invalid(chain: Chain) -> None:
-    tampering.resign(chain.snapshot, lambda d: d.update(format="hotload-delta/v3"))
+    tampering.resign(chain.snapshot, lambda d: d.update(format="hotload-delta/v4"))
     error = rebuild_fails(chain, ManifestInvalid)
-    assert error.context["found"] == "hotload-delta/v3"
+    assert error.context["found"] == "hotload-delta/v4"
 
 
 def test_dtype_or_shape_mismatch_with_the_previous_tensor_is_decode_failed(chain: Chain) -> None:

@@ -10,9 +10,17 @@ import zstandard
 
 from hotload.errors import ManifestInvalid, SizeLimitExceeded, UnsafePath
 from hotload.snapshot import FORMAT, MANIFEST_NAME, Manifest, parse_manifest
-from hotload.snapshot.manifest_codec import FORMAT_V1, ZSTD_MAGIC, dump_document, load_document
+from hotload.snapshot.manifest_codec import (
+    FORMAT_V1,
+    FORMAT_V2,
+    ZSTD_MAGIC,
+    dump_document,
+    load_document,
+)
+from hotload.snapshot.manifest_table import MAGIC
 from hotload.snapshot.paths import safe_relpath
 
+from . import tampering
 from .conftest import Chain
 
 
@@ -28,7 +36,7 @@ def reparse(doc: dict[str, Any]) -> Manifest:
 def test_manifest_round_trips_through_its_bytes(chain: Chain) -> None:
     manifest = chain.delta.manifest
     assert parse_manifest(manifest.dumps()) == manifest
-    assert manifest.format == FORMAT == "hotload-delta/v2"
+    assert manifest.format == FORMAT == "hotload-delta/v3"
     raw = document(chain)
     assert raw["kind"] == "Incremental" and raw["previous"] == "s1"
     assert raw["fileHash"] == "sha256" and raw["tensorHash"] == "xxh3-128"
@@ -88,9 +96,12 @@ def test_a_file_named_like_the_manifest_is_refused(chain: Chain) -> None:
         reparse(doc)
 
 
-def test_adler32_is_accepted_on_input(chain: Chain) -> None:
+def test_adler32_is_accepted_on_input_before_v3(chain: Chain) -> None:
     doc = document(chain)
     doc["fileHash"] = "adler32"
+    with pytest.raises(ManifestInvalid, match="sha256"):
+        reparse(doc)  # v3 stores sha256 only
+    doc = tampering.as_v2(doc, chain.rebuilt_v1)
     for key in ("deltas", "referenced"):
         for entry in doc[key]:
             entry["hash"] = "0a0b0c0d"
@@ -121,14 +132,20 @@ def test_unsafe_paths_fail(path: str) -> None:
         safe_relpath(path)
 
 
-# --- v2: the compact form ------------------------------------------------------------
+# --- v2: the compact form (read only) ----------------------------------------------
+
+
+def v2_bytes(chain: Chain) -> bytes:
+    """The chain's delta manifest as the v2 writer stored it."""
+    return dump_document(tampering.as_v2(document(chain), chain.rebuilt_v1))
 
 
 def stored_document(chain: Chain) -> dict[str, Any]:
     """The stored v2 manifest as written: columns, before they are expanded."""
-    data = (chain.snapshot / MANIFEST_NAME).read_bytes()
+    data = v2_bytes(chain)
     assert data[:4] == ZSTD_MAGIC
     result: dict[str, Any] = json.loads(zstandard.ZstdDecompressor().decompress(data))
+    assert result["format"] == FORMAT_V2
     return result
 
 
@@ -139,15 +156,20 @@ def recompress(doc: dict[str, Any], *, content_size: bool = True) -> bytes:
 
 def test_v2_manifest_is_compressed_columns_and_much_smaller_than_v1(chain: Chain) -> None:
     manifest = chain.delta.manifest
-    compact = manifest.dumps()
+    compact = v2_bytes(chain)
     as_v1 = dump_document(
-        {**manifest.model_dump(mode="json", by_alias=True, exclude_none=True), "format": FORMAT_V1}
+        {**tampering.as_v2(document(chain), chain.rebuilt_v1), "format": FORMAT_V1}
     )
     assert compact[:4] == ZSTD_MAGIC and as_v1[:1] == b"{"
     assert len(compact) < len(as_v1) / 2
     columns = stored_document(chain)["tensors"]
     assert columns["name"] == [t.name for t in manifest.tensors]
     assert columns["hash"] == "".join(t.hash for t in manifest.tensors)
+    older = parse_manifest(compact)
+    assert older.format == FORMAT_V2 and older.tensors == manifest.tensors
+    assert [(f.path, f.size) for f in older.referenced] == [
+        (f.path, f.size) for f in manifest.referenced
+    ]
 
 
 @pytest.mark.parametrize(
@@ -190,9 +212,13 @@ def test_v2_manifest_frames_are_bounded(chain: Chain) -> None:
         parse_manifest(bytes(frame))
 
 
-def test_v2_accepts_tensors_as_objects_and_v1_refuses_the_context_codec(chain: Chain) -> None:
+def test_any_version_accepts_tensors_as_objects_and_v1_refuses_the_context_codec(
+    chain: Chain,
+) -> None:
     doc = document(chain)
     assert parse_manifest(json.dumps(doc).encode()) == chain.delta.manifest
+    doc = tampering.as_v2(doc, chain.rebuilt_v1)
+    assert parse_manifest(json.dumps(doc).encode()).tensors == chain.delta.manifest.tensors
     doc["format"] = FORMAT_V1
     if any(t["codec"] == "context" for t in doc["tensors"]):
         with pytest.raises(ManifestInvalid):
@@ -201,3 +227,134 @@ def test_v2_accepts_tensors_as_objects_and_v1_refuses_the_context_codec(chain: C
         tensor["codec"] = "context" if "data" in tensor else tensor["codec"]
     with pytest.raises(ManifestInvalid):
         reparse(doc)
+
+
+# --- v3: the binary table ------------------------------------------------------------
+
+
+def stored_table(chain: Chain) -> bytes:
+    """The stored v3 manifest's table, out of its zstd frame."""
+    data = (chain.snapshot / MANIFEST_NAME).read_bytes()
+    assert data[:4] == ZSTD_MAGIC
+    table = bytes(zstandard.ZstdDecompressor().decompress(data))
+    assert table[: len(MAGIC)] == MAGIC
+    return table
+
+
+def framed(table: bytes) -> bytes:
+    return bytes(zstandard.ZstdCompressor(write_content_size=True).compress(table))
+
+
+def test_v3_manifest_is_a_table_smaller_than_v2(chain: Chain) -> None:
+    manifest = chain.delta.manifest
+    compact = manifest.dumps()
+    assert len(compact) < len(v2_bytes(chain))
+    assert parse_manifest(framed(stored_table(chain))) == manifest
+    # each referenced file has no hash of its own: one sha256 commits to all of them
+    assert all(f.hash is None for f in manifest.referenced)
+    assert manifest.referenced_digest is not None
+    # the payload holds a sparse or context tensor's change count: not repeated here
+    counted = [t for t in manifest.tensors if t.codec.value in ("sparse", "context")]
+    assert counted and all(t.changed is None for t in counted)
+
+
+def test_v3_full_manifest_round_trips(chain: Chain) -> None:
+    full = chain.full.manifest
+    assert full.format == FORMAT and full.referenced_digest is None
+    assert parse_manifest(full.dumps()) == full
+
+
+def test_every_truncated_v3_table_is_manifest_invalid(chain: Chain) -> None:
+    table = stored_table(chain)
+    for end in range(len(table)):
+        with pytest.raises(ManifestInvalid):
+            parse_manifest(framed(table[:end]))
+
+
+def test_every_garbled_v3_table_byte_fails_typed_or_parses(chain: Chain) -> None:
+    """One changed byte anywhere: a typed ManifestInvalid (UnsafePath included), or a
+    manifest that still passes every rule (a changed hash, size or count), never another
+    exception."""
+    table = stored_table(chain)
+    refused = 0
+    for at in range(len(table)):
+        for mask in (0x01, 0x80, 0xFF):
+            garbled = bytearray(table)
+            garbled[at] ^= mask
+            try:
+                parse_manifest(framed(bytes(garbled)))
+            except ManifestInvalid:
+                refused += 1
+    assert refused > len(table)  # most of the table is structure, not free values
+
+
+def varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((value & 0x7F) | (0x80 if value >> 7 else 0))
+        value >>= 7
+        if not value:
+            return bytes(out)
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda t: t + b"\0", "bytes follow"),
+        (lambda t: MAGIC + b"\x80\x00" + t[len(MAGIC) + 1 :], "non-canonical"),
+        (lambda t: MAGIC + b"\xff" * 10 + t[len(MAGIC) :], "too long"),
+        (lambda t: MAGIC + varint(1 << 40) + t[len(MAGIC) :], "too long|truncated"),
+        (lambda t: MAGIC + varint(2) + b"\xc3\x28" + t[len(MAGIC) + 3 :], "UTF-8"),
+    ],
+)
+def test_malformed_v3_tables_say_what_is_wrong(chain: Chain, edit: Any, match: str) -> None:
+    with pytest.raises(ManifestInvalid, match=match):
+        parse_manifest(framed(edit(stored_table(chain))))
+
+
+def test_v3_table_indexes_and_counts_are_bounded(chain: Chain) -> None:
+    from hotload.snapshot.manifest_table import CODECS, dump_table
+
+    doc = document(chain)
+
+    def refused(edit: Any, match: str) -> None:
+        table = bytearray(dump_table(doc))
+        edit(table)
+        with pytest.raises(ManifestInvalid, match=match):
+            parse_manifest(framed(bytes(table)))
+
+    table = dump_table(doc)
+    hashes = 16 * len(doc["tensors"])
+    # the codec column sits just before the data columns; find it by its values
+    codecs = bytes(CODECS.index(t["codec"]) for t in doc["tensors"])
+    at = table.rindex(codecs, 0, len(table) - hashes)
+    refused(lambda t: t.__setitem__(at, len(CODECS)), "unknown value")
+    # the shard column (all 0: one shard) sits just before the codecs
+    refused(lambda t: t.__setitem__(at - 1, 7), "no listed file")
+    # the first tensor name shares nothing with a previous one
+    names = table.index(doc["tensors"][0]["name"].encode()) - 2
+    refused(lambda t: t.__setitem__(names, 5), "shares more")
+    # the tensor count claims more rows than there are bytes
+    count = names - 1
+    assert table[count] == len(doc["tensors"])
+    refused(lambda t: t.__setitem__(slice(count, count + 1), varint(1 << 14)), "longer than")
+
+
+def test_v3_json_form_checks_the_referenced_commitment(chain: Chain) -> None:
+    doc = document(chain)
+    doc["referenced"][0]["hash"] = "0" * 64  # v3 gives none per file
+    with pytest.raises(ManifestInvalid, match="referenced files"):
+        reparse(doc)
+    doc = document(chain)
+    doc.pop("referencedDigest")
+    with pytest.raises(ManifestInvalid, match="referencedDigest"):
+        reparse(doc)
+    doc = tampering.as_v2(document(chain), chain.rebuilt_v1)
+    doc["referencedDigest"] = "0" * 64  # v2 has none
+    with pytest.raises(ManifestInvalid, match="referencedDigest"):
+        reparse(doc)
+
+
+def test_a_raw_v3_table_outside_its_frame_is_refused(chain: Chain) -> None:
+    with pytest.raises(ManifestInvalid):
+        parse_manifest(stored_table(chain))

@@ -46,7 +46,7 @@ def test_public_surface_is_pinned() -> None:
 
 def test_contract_names() -> None:
     assert hotload.snapshot.MANIFEST_NAME == "hotload-manifest.json"
-    assert hotload.snapshot.FORMAT == "hotload-delta/v2"
+    assert hotload.snapshot.FORMAT == "hotload-delta/v3"
 
 
 def test_core_import_does_not_pull_torch() -> None:
