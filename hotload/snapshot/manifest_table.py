@@ -17,7 +17,7 @@ problem is :class:`ManifestInvalid` saying what and where.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from hotload.errors import ManifestInvalid
 from hotload.snapshot.dtypes import DTYPES
@@ -199,24 +199,25 @@ def _load_tensors(reader: _Reader, document: dict[str, Any]) -> list[dict[str, A
     names: list[str] = []
     previous = b""
     for row in range(count):
-        shared = reader.varint(f"tensors[{row}].name")
+        shared = reader.varint("tensors.name", row)
         if shared > len(previous):
             raise ManifestInvalid(
                 "v3 tensor name shares more than the previous name", row=row, shared=shared
             )
-        name = previous[:shared] + reader.raw_string(f"tensors[{row}].name")
-        names.append(_utf8(name, f"tensors[{row}].name"))
+        name = previous[:shared] + reader.raw_string("tensors.name", row)
+        names.append(_utf8(name, "tensors.name", row))
         previous = name
-    dtypes = [reader.choice(DTYPE_NAMES, f"tensors[{row}].dtype") for row in range(count)]
+    dtypes = [reader.choice(DTYPE_NAMES, "tensors.dtype", row) for row in range(count)]
     shapes = [_load_shape(reader, row) for row in range(count)]
     shard_paths = [shard["path"] for shard in document["shards"]]
     files = [
-        reader.index(shard_paths, reader.varint(f"tensors[{row}].file"), f"tensors[{row}].file")
+        reader.index(shard_paths, reader.varint("tensors.file", row), "tensors.file", row)
         for row in range(count)
     ]
-    codecs = [reader.choice(CODECS, f"tensors[{row}].codec") for row in range(count)]
+    codecs = [reader.choice(CODECS, "tensors.codec", row) for row in range(count)]
     ranges = _load_ranges(reader, codecs, [entry["path"] for entry in document["deltas"]])
-    changed = [reader.varint(f"tensors[{row}].changed") for row in range(count)]
+    changed = [reader.varint("tensors.changed", row) for row in range(count)]
+    hashes = reader.take(_XXH3 * count, "tensors.hash").hex()
     tensors: list[dict[str, Any]] = []
     for row in range(count):
         tensor: dict[str, Any] = {
@@ -225,7 +226,7 @@ def _load_tensors(reader: _Reader, document: dict[str, Any]) -> list[dict[str, A
             "shape": shapes[row],
             "file": files[row],
             "codec": codecs[row],
-            "hash": reader.hex(_XXH3, f"tensors[{row}].hash"),
+            "hash": hashes[2 * _XXH3 * row : 2 * _XXH3 * (row + 1)],
         }
         if ranges[row] is not None:
             tensor["data"] = ranges[row]
@@ -242,32 +243,32 @@ def _load_ranges(
     each tensor's byte range, None for the others."""
     rows = [row for row, codec in enumerate(codecs) if codec not in _NO_DATA]
     files = [
-        reader.index(delta_paths, reader.varint(f"tensors[{row}].data"), f"tensors[{row}].data")
+        reader.index(delta_paths, reader.varint("tensors.data", row), "tensors.data", row)
         for row in rows
     ]
-    skips = [reader.varint(f"tensors[{row}].data.skip") for row in rows]
+    skips = [reader.varint("tensors.data.skip", row) for row in rows]
     ranges: list[dict[str, Any] | None] = [None] * len(codecs)
     ends: dict[str, int] = {}
     for row, file, skip in zip(rows, files, skips, strict=True):
         offset = ends.get(file, 0) + skip
-        length = reader.varint(f"tensors[{row}].data.length")
+        length = reader.varint("tensors.data.length", row)
         ends[file] = offset + length
         ranges[row] = {"file": file, "offset": offset, "length": length}
     return ranges
 
 
 def _load_shape(reader: _Reader, row: int) -> list[int]:
-    dims = reader.varint(f"tensors[{row}].shape")
+    dims = reader.varint("tensors.shape", row)
     if dims > MAX_DIMS:
         raise ManifestInvalid("v3 tensor has too many dimensions", row=row, dims=dims)
-    return [reader.varint(f"tensors[{row}].shape") for _ in range(dims)]
+    return [reader.varint("tensors.shape", row) for _ in range(dims)]
 
 
-def _utf8(data: bytes, field: str) -> str:
+def _utf8(data: bytes, field: str, row: int | None = None) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise ManifestInvalid("v3 manifest string is not UTF-8", field=field) from None
+        raise ManifestInvalid("v3 manifest string is not UTF-8", field=field, row=row) from None
 
 
 class _Writer:
@@ -308,7 +309,9 @@ class _Writer:
 
 
 class _Reader:
-    """A cursor over the table that never reads past its end and names the field it read."""
+    """A cursor over the table that never reads past its end and names the field it read
+    (``field``, and ``row`` for a tensor column: formatted only when something is wrong,
+    so reading stays cheap)."""
 
     def __init__(self, data: bytes) -> None:
         self.data = data
@@ -317,56 +320,64 @@ class _Reader:
     def remaining(self) -> int:
         return len(self.data) - self.pos
 
-    def take(self, length: int, field: str) -> bytes:
-        if length > self.remaining():
-            raise ManifestInvalid("v3 manifest table is truncated", field=field, at=self.pos)
+    def _fail(self, message: str, field: str, row: int | None, **context: object) -> NoReturn:
+        where = field if row is None else f"{field} of tensor {row}"
+        raise ManifestInvalid(message, field=where, at=self.pos, **context)
+
+    def take(self, length: int, field: str, row: int | None = None) -> bytes:
+        if length > len(self.data) - self.pos:
+            self._fail("v3 manifest table is truncated", field, row)
         chunk = self.data[self.pos : self.pos + length]
         self.pos += length
         return chunk
 
-    def varint(self, field: str) -> int:
+    def varint(self, field: str, row: int | None = None) -> int:
+        data, pos = self.data, self.pos
         value = 0
         for index in range(_MAX_VARINT_BYTES):
-            byte = self.take(1, field)[0]
+            if pos >= len(data):
+                self._fail("v3 manifest table is truncated", field, row)
+            byte = data[pos]
+            pos += 1
             value |= (byte & 0x7F) << (7 * index)
             if not byte & 0x80:
+                self.pos = pos
                 if byte == 0 and index > 0:
-                    raise ManifestInvalid("v3 manifest has a non-canonical varint", field=field)
+                    self._fail("v3 manifest has a non-canonical varint", field, row)
                 return value
-        raise ManifestInvalid("v3 manifest varint is too long", field=field, at=self.pos)
+        self.pos = pos
+        self._fail("v3 manifest varint is too long", field, row)
 
     def count(self, field: str, limit: int) -> int:
         """A list's length: within ``limit`` and no more items than bytes left (each item
         takes at least one), so a hostile count cannot make the reader loop or allocate."""
         value = self.varint(field)
         if value > limit or value > self.remaining():
-            raise ManifestInvalid(
-                "v3 manifest list is longer than allowed", field=field, count=value
-            )
+            self._fail("v3 manifest list is longer than allowed", field, None, count=value)
         return value
 
-    def raw_string(self, field: str) -> bytes:
-        length = self.varint(field)
+    def raw_string(self, field: str, row: int | None = None) -> bytes:
+        length = self.varint(field, row)
         if length > _MAX_STRING:
-            raise ManifestInvalid("v3 manifest string is too long", field=field, length=length)
-        return self.take(length, field)
+            self._fail("v3 manifest string is too long", field, row, length=length)
+        return self.take(length, field, row)
 
     def string(self, field: str) -> str:
         return _utf8(self.raw_string(field), field)
 
     def strings(self, field: str, limit: int) -> list[str]:
-        return [self.string(f"{field}[{i}]") for i in range(self.count(field, limit))]
+        return [self.string(field) for _ in range(self.count(field, limit))]
 
-    def hex(self, width: int, field: str) -> str:
-        return self.take(width, field).hex()
+    def hex(self, width: int, field: str, row: int | None = None) -> str:
+        return self.take(width, field, row).hex()
 
-    def choice(self, values: tuple[str, ...], field: str) -> str:
-        number = self.take(1, field)[0]
+    def choice(self, values: tuple[str, ...], field: str, row: int | None = None) -> str:
+        number = self.take(1, field, row)[0]
         if number >= len(values):
-            raise ManifestInvalid("v3 manifest names an unknown value", field=field, number=number)
+            self._fail("v3 manifest names an unknown value", field, row, number=number)
         return values[number]
 
-    def index(self, paths: list[str], number: int, field: str) -> str:
+    def index(self, paths: list[str], number: int, field: str, row: int | None = None) -> str:
         if not 0 <= number < len(paths):
-            raise ManifestInvalid("v3 manifest names no listed file", field=field, index=number)
+            self._fail("v3 manifest names no listed file", field, row, index=number)
         return paths[number]

@@ -353,6 +353,10 @@ def test_v3_json_form_checks_the_referenced_commitment(chain: Chain) -> None:
     doc["referencedDigest"] = "0" * 64  # v2 has none
     with pytest.raises(ManifestInvalid, match="referencedDigest"):
         reparse(doc)
+    doc = tampering.as_v2(document(chain), chain.rebuilt_v1)
+    doc["referenced"][-1].pop("hash")  # v2 checks each file by its own hash
+    with pytest.raises(ManifestInvalid, match="referenced files"):
+        reparse(doc)
 
 
 def test_a_raw_v3_table_outside_its_frame_is_refused(chain: Chain) -> None:
