@@ -81,6 +81,21 @@ def test_ratio_counts_every_stored_byte_including_the_manifest(chain: Chain) -> 
     assert report.tensor_bytes == sum(data.nbytes for _, data in base_tensors().values())
 
 
+def test_inspect_counts_changes_the_manifest_leaves_to_the_payload(chain: Chain) -> None:
+    counted = [t for t in chain.delta.manifest.tensors if t.codec.value in ("sparse", "context")]
+    assert counted and all(t.changed is None for t in counted)  # v3: the payload has it
+    report = inspect_snapshot(chain.snapshot)
+    assert [t.changed for t in report.tensors] == [t.changed for t in chain.delta.tensors]
+    for delta in chain.delta.manifest.deltas:
+        (chain.snapshot / delta.path).unlink()  # only the manifest fetched: unknown
+    bare = inspect_snapshot(chain.snapshot)
+    assert all(
+        bare.tensors[i].changed is None
+        for i, t in enumerate(report.tensors)
+        if t.codec.value in ("sparse", "context")
+    )
+
+
 def test_ignored_config_fields_may_change_and_travel_in_the_manifest(tmp_path: Path) -> None:
     tensors = base_tensors()
     v1 = write_model(tmp_path / "v1", {"model.safetensors": tensors}, config={"a": 1, "tv": "1"})
