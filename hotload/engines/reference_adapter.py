@@ -2,9 +2,15 @@
 
 Its admin API is ours (see docs/engines.md): ``POST /admin/load {path, identity, kind}``,
 ``POST /admin/apply_delta {path, identity}`` (a delta patched into the live weights),
-``/admin/pause {mode}``, ``/admin/resume``, ``/admin/reset_cache {policy}``,
-``GET /admin/identity``, ``GET /health``. A 4xx on load means the weights were refused
-(the old ones keep serving): ``EngineRejected``; 409 and 503 mean busy.
+both with an optional ``cache_policy`` applied at the swap, ``/admin/pause {mode}``,
+``/admin/resume``, ``/admin/reset_cache {policy}``, ``GET /admin/identity``, ``GET /health``.
+A 4xx on load means the weights were refused (the old ones keep serving):
+``EngineRejected``; 409 and 503 mean busy.
+
+Capabilities (:mod:`hotload.engines.capabilities`): it patches a delta in place
+(:meth:`ReferenceEngine.apply_delta`) and swaps between two tokens
+(:meth:`ReferenceEngine.load_between_tokens`): it reads and checks a load beside serving
+and takes its model lock only to write the changed elements.
 """
 
 from __future__ import annotations
@@ -77,26 +83,40 @@ class ReferenceEngine(HttpEngine):
         )
 
     async def load_weights(self, path: Path, identity: str, *, kind: SnapshotKind) -> None:
+        await self.load_between_tokens(path, identity, kind=kind, cache_policy=None)
+
+    async def load_between_tokens(
+        self,
+        path: Path,
+        identity: str,
+        *,
+        kind: SnapshotKind,
+        cache_policy: KvCachePolicy | None,
+    ) -> None:
+        """``POST /admin/load``: read and checked beside serving, swapped between two
+        tokens with ``cache_policy`` applied in the same step (None keeps the cache)."""
+        body: dict[str, Any] = {"path": str(path), "identity": identity, "kind": kind.value}
+        if cache_policy is not None:
+            body["cache_policy"] = cache_policy.value
         response = await self._http.request(
-            "POST",
-            "/admin/load",
-            json={"path": str(path), "identity": identity, "kind": kind.value},
-            timeout=self._load_timeout,
+            "POST", "/admin/load", json=body, timeout=self._load_timeout
         )
         self._raise_for(response, "load", identity=identity, path=str(path))
 
-    async def apply_delta(self, path: Path, identity: str) -> None:
+    async def apply_delta(
+        self, path: Path, identity: str, *, cache_policy: KvCachePolicy | None = None
+    ) -> None:
         """Patch the served weights with the verified delta at ``path``, in place.
 
         ``DeltaNotApplicable`` when the engine cannot (the layout changed): load the
         rebuilt directory instead; ``EngineRejected`` when it refused the delta. Either
         way the old weights serve on.
         """
+        body: dict[str, Any] = {"path": str(path), "identity": identity}
+        if cache_policy is not None:
+            body["cache_policy"] = cache_policy.value
         response = await self._http.request(
-            "POST",
-            "/admin/apply_delta",
-            json={"path": str(path), "identity": identity},
-            timeout=self._load_timeout,
+            "POST", "/admin/apply_delta", json=body, timeout=self._load_timeout
         )
         if response.status_code == 422 and json_object(response).get("fallback") == "load":
             raise DeltaNotApplicable(

@@ -175,7 +175,7 @@ class PolicyTrainer:
         identity = self.identity_for(self.step, kind)
         weights = self.workdir / "weights" / identity
         encoded = self.workdir / "encoded" / identity
-        await asyncio.to_thread(reference_model.save_snapshot, self.model, weights)
+        await asyncio.to_thread(self.model_files, weights)
         extra = dict(extra_files) if extra_files is not None else dict(self._extra_files)
         for relpath, data in extra.items():
             (weights / relpath).parent.mkdir(parents=True, exist_ok=True)

@@ -15,8 +15,10 @@ job, at a retry's time, and at least every ``engine_check_interval_s``; each tim
    the pod's snapshot at once: ``SnapshotReady=False/NotLoaded``, no ``snapshot``
    annotation, until the served buffer is reloaded);
 2. lets :func:`~hotload.sidecar.planning.next_step` pick the one thing to do, and runs it
-   as a job (build into the free buffer and hand it over, hand over an already built
-   one, reload, settle a load of unknown outcome), or preempts the job in flight when
+   as a job (patch a one-delta step into an engine that patches in place, else build
+   into the free buffer and hand it over; hand over an already built one; reload; settle
+   a load of unknown outcome; catch staging up with what the engine serves after an
+   in-place patch), or preempts the job in flight when
    :func:`~hotload.sidecar.planning.should_preempt` says so — cancelling it stops its
    threads at their next chunk and returns only when staging is free again (one owner);
 3. publishes the report on its Pod (the writer repairs whatever differs, level-triggered).
@@ -52,11 +54,12 @@ from hotload.api import (
 from hotload.api.pod import ANNOTATION_SINCE, ANNOTATION_SNAPSHOT, ANNOTATION_VIA
 from hotload.api.reasons import INTERNAL_ERROR
 from hotload.cancellation import Cancelled, CancelToken, run_cancellable, run_in_thread
+from hotload.engines.capabilities import PatchesInPlace, patches_in_place
 from hotload.engines.protocol import Engine, EngineReport
-from hotload.errors import HotloadError, NotFound
+from hotload.errors import DigestMismatch, HotloadError, NotFound
 from hotload.sidecar.config import AgentConfig
 from hotload.sidecar.deployment_watch import DeploymentView, DeploymentWatcher
-from hotload.sidecar.handover import Handover, HandoverFailed
+from hotload.sidecar.handover import Handover, HandoverFailed, PatchRefused
 from hotload.sidecar.http_server import serve_front
 from hotload.sidecar.loader import BuildFailed, LoadTimings, SnapshotLoader, snapshot_at_fault
 from hotload.sidecar.metrics import AgentMetrics
@@ -68,6 +71,7 @@ from hotload.sidecar.planning import (
     FailureDecision,
     Hold,
     Job,
+    Route,
     Serving,
     Slot,
     Staged,
@@ -76,6 +80,7 @@ from hotload.sidecar.planning import (
     Verdict,
     after_failure,
     choose_build,
+    choose_route,
     judge_engine,
     next_step,
     replica_state,
@@ -163,6 +168,10 @@ class _Memory:
     weights_unknown: bool = False
     """A load failed where a rollback is not trusted: the engine's label proves nothing
     until a load completes (the served buffer is reloaded)."""
+    refused: SnapshotRef | None = None
+    """A target the engine refused to patch in place (it is loaded as a directory)."""
+    catch_up_given_up: SnapshotRef | None = None
+    """A served snapshot whose catch-up into staging failed for good."""
 
 
 class SidecarAgent:
@@ -415,6 +424,7 @@ class SidecarAgent:
             memory.buffers,
             memory.hold,
             engine_answers=memory.engine_answers,
+            catch_up_given_up=memory.catch_up_given_up,
         )
         self._execute(step)
 
@@ -438,6 +448,9 @@ class SidecarAgent:
         elif kind is StepKind.BUILD:
             assert step.slot is not None and step.target is not None
             self._start(Job.BUILD, step.target, self._build_and_swap(step.slot, step.target))
+        elif kind is StepKind.CATCH_UP:
+            assert step.slot is not None and step.target is not None
+            self._start(Job.CATCH_UP, step.target, self._catch_up(step.slot, step.target))
 
     def _start(self, job: Job, target: SnapshotRef | None, body: Awaitable[None]) -> None:
         running = _RunningJob(job, target, CancelToken())
@@ -610,6 +623,7 @@ class SidecarAgent:
     async def _build_and_swap(self, into: Slot, target: SnapshotRef) -> None:
         deployment = self._require_deployment()
         loader = self._ensure_loader(deployment)
+        manifests_before = loader.manifest_bytes
         memory = self._memory
         self._status.phase = Phase.PLANNING
         token = self._job_token()
@@ -622,13 +636,181 @@ class SidecarAgent:
             options = await loader.options(target, free, served)
         except HotloadError as err:
             raise BuildFailed(err, snapshot_at_fault(err, target.identity)) from err
-        choice = choose_build(options, fresh=memory.fresh)
         timings = LoadTimings()
         started = datetime.now(UTC)
+        engine = self._ensure_engine(deployment)
+        applier = patches_in_place(engine)
+        if applier is not None and await self._route(loader, target) is Route.IN_ENGINE:
+            if await self._apply_in_engine(
+                applier, loader, target, timings, started, manifests_before
+            ):
+                return
+            # Refused: the old weights serve on; build and load the directory instead.
+            timings = LoadTimings()
+        choice = choose_build(options, fresh=memory.fresh)
         base = (served_slot, served) if served_slot is not None and served is not None else None
         built = await loader.build(target, choice, into, base, timings, token)
+        # Manifests count as bytes moved when this attempt read them from the bucket.
+        timings.fetched_bytes += loader.manifest_bytes - manifests_before
         await self._refresh_buffers()
         await self._hand(into, built.staged, target, built.via, timings, started)
+
+    async def _route(self, loader: SnapshotLoader, target: SnapshotRef) -> Route:
+        """The planner's route for ``target``, from the plan out of what the engine serves
+        (a plan that cannot be made — a chain the engine's snapshot is not on — is no
+        one-delta step: the directory load)."""
+        memory = self._memory
+        serving = memory.serving
+        plan = None
+        if serving is not None and not memory.fresh:
+            try:
+                plan = await loader.plan(serving.identity, target)
+            except HotloadError as err:
+                log.info(
+                    "no plan from the engine's snapshot; loading a directory",
+                    extra={**self._context(), "serving": serving.identity, "error": str(err)},
+                )
+        return choose_route(
+            target,
+            serving,
+            plan,
+            patches_in_place=True,
+            fresh=memory.fresh,
+            refused=memory.refused,
+        )
+
+    async def _apply_in_engine(
+        self,
+        engine: PatchesInPlace,
+        loader: SnapshotLoader,
+        target: SnapshotRef,
+        timings: LoadTimings,
+        started: datetime,
+        manifests_before: int,
+    ) -> bool:
+        """Fetch and verify the target's delta and hand it to the engine's in-place patch.
+        True once the engine's report confirms the target (identity and digest); False
+        when it refused and serves its old weights (recorded: this target then loads
+        as a directory)."""
+        deployment = self._require_deployment()
+        manifest = await loader.manifest(target.identity)
+        await loader.fetch_verified([manifest], timings, self._job_token())
+        timings.fetched_bytes += loader.manifest_bytes - manifests_before
+        staged = Staged(manifest.identity, manifest.step, manifest.kind, manifest_digest(manifest))
+        running = self._job
+        transition = deployment.spec.hot_load.transition
+        if running is not None and running.job is Job.BUILD:
+            running.job = Job.DRAIN
+            self._status.phase = Phase.DRAINING if transition is Transition.SYNC else Phase.SWAPPING
+
+        def swapping() -> None:
+            if running is not None:
+                running.job = Job.SWAP
+            self._handing = True
+            self._engine_epoch += 1
+            self._status.phase = Phase.SWAPPING
+
+        handover = Handover(
+            self._ensure_engine(deployment),
+            self.staging,
+            self._gate,
+            self._metrics,
+            drain_timeout_s=self.config.sync_drain_timeout_s,
+        )
+        try:
+            with timings.phase("swap", self._metrics):
+                report = await handover.apply_delta(
+                    engine,
+                    staged,
+                    transition=transition,
+                    cache_policy=target.kv_cache_policy,
+                    on_swapping=swapping,
+                )
+        except PatchRefused as refused:
+            self._memory.refused = target
+            if running is not None:
+                running.job = Job.BUILD
+            log.info(
+                "the engine did not patch the delta in place; loading the rebuilt directory",
+                extra={
+                    **self._context(),
+                    "snapshot": target.identity,
+                    "reason": refused.error.reason,
+                    "error": str(refused.error),
+                },
+            )
+            return False
+        finally:
+            self._engine_epoch += 1
+            self._handing = False
+        memory = self._memory
+        self._set_serving(staged, LoadPath.DELTA, None, report.instance_id)
+        if memory.hold is not None and same_snapshot(memory.hold.target, target):
+            memory.hold = None
+        memory.attempts, memory.fresh = Attempts(), False
+        self._metrics.swaps.labels(via=LoadPath.DELTA.value).inc()
+        self._record_swap(staged, LoadPath.DELTA, timings, started, in_engine=True)
+        return True
+
+    async def _catch_up(self, into: Slot, target: SnapshotRef) -> None:
+        """Build the snapshot the engine already serves into the free buffer and make that
+        the served buffer (no load): a restarted engine then reloads what it served."""
+        deployment = self._require_deployment()
+        loader = self._ensure_loader(deployment)
+        memory = self._memory
+        token = self._job_token()
+        served_slot = memory.buffers.served
+        served = memory.buffers.held(served_slot)
+        free = memory.buffers.held(into)
+        fresh = memory.fresh
+        self._status.phase = Phase.PLANNING
+        if fresh:
+            await self._forget_chain(loader, target)
+        if free is not None and same_snapshot(free, target) and not fresh:
+            await run_cancellable(token, self.staging.verify, into, free)
+            staged = free
+        else:
+            try:
+                options = await loader.options(target, free, served)
+            except HotloadError as err:
+                raise BuildFailed(err, snapshot_at_fault(err, target.identity)) from err
+            base = (served_slot, served) if served_slot is not None and served else None
+            choice = choose_build(options, fresh=fresh)
+            built = await loader.build(target, choice, into, base, LoadTimings(), token)
+            staged = built.staged
+        # The engine's word, as for a swap: the rebuild must be what it serves.
+        report = await self._ensure_engine(deployment).report(digest=True)
+        serving = memory.serving
+        if serving is None or not same_snapshot(serving, staged):
+            return  # the engine moved on meanwhile: the next reconcile decides
+        if report.identity != staged.identity or (
+            report.digest is not None
+            and staged.digest is not None
+            and report.digest != staged.digest
+        ):
+            raise DigestMismatch(
+                "the engine's weights differ from the snapshot rebuilt for it",
+                snapshot=staged.identity,
+                expected=staged.digest,
+                found=report.digest,
+            )
+        await self._refresh_buffers()
+        await run_in_thread(self.staging.set_roles, into, memory.buffers.handed)
+        memory.buffers = replace(memory.buffers, served=into)
+        memory.serving = replace(serving, slot=into)
+        memory.fresh = False
+        if fresh and served_slot not in (None, into):
+            # A fresh replay healed a local corruption: the older served buffer was never
+            # re-verified, so it is no base for the next build.
+            assert served_slot is not None
+            await run_in_thread(self.staging.clear_slot, served_slot)
+            await self._refresh_buffers()
+        await run_in_thread(self.staging.clean_fetches, {staged.identity})
+        self._status.phase = Phase.IDLE
+        log.info(
+            "staging caught up with the served snapshot",
+            extra={**self._context(), "snapshot": staged.identity, "buffer": into.value},
+        )
 
     async def _swap_built(self, slot: Slot, target: SnapshotRef) -> None:
         """Hand over a target built earlier (its swap was refused busy): re-hashed first,
@@ -871,6 +1053,13 @@ class SidecarAgent:
             memory.retry = _Retry(target, asyncio.get_running_loop().time() + delay)
         elif decision.action is Action.RETRY_FRESH:
             memory.fresh = True
+        elif decision.action is Action.GIVE_UP:
+            memory.catch_up_given_up = target
+            log.warning(
+                "staging does not hold the served snapshot; a restarted engine reloads "
+                "the older served buffer",
+                extra={**self._context(), "snapshot": target.identity if target else None},
+            )
         elif target is not None:
             memory.hold = Hold(target, decision.reason, message, snapshot or target.identity)
             now = datetime.now(UTC)
@@ -889,7 +1078,13 @@ class SidecarAgent:
     # --- building blocks -----------------------------------------------------------------
 
     def _record_swap(
-        self, staged: Staged, via: LoadPath, timings: LoadTimings, started: datetime
+        self,
+        staged: Staged,
+        via: LoadPath,
+        timings: LoadTimings,
+        started: datetime,
+        *,
+        in_engine: bool = False,
     ) -> None:
         seconds = {name: round(value, 6) for name, value in timings.seconds.items()}
         seconds["total"] = round((datetime.now(UTC) - started).total_seconds(), 6)
@@ -905,6 +1100,7 @@ class SidecarAgent:
                 seconds=seconds,
                 fetched_bytes=timings.fetched_bytes,
                 stored_bytes=timings.stored_bytes,
+                in_engine=in_engine,
             )
         )
         log.info(
@@ -914,6 +1110,7 @@ class SidecarAgent:
                 "snapshot": staged.identity,
                 "step": staged.step,
                 "via": via.value,
+                "in_engine": in_engine,
                 "seconds": seconds,
                 "fetched_bytes": timings.fetched_bytes,
             },

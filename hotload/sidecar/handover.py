@@ -7,6 +7,14 @@ its path; the engine loads (ASYNC: paused in place around it); the engine's own 
 confirms what it now serves — identity, and the weights' digest where it offers one —
 and only then is the buffer recorded as *served* and the previous one freed.
 
+An engine that swaps between tokens (:mod:`hotload.engines.capabilities`) is neither
+paused nor gated around an ASYNC load: it reads and checks the directory while serving
+and swaps between two tokens with the cache policy applied in the same step, so the only
+pause is its own swap. The same holds for a delta patched in place
+(:meth:`Handover.apply_delta`): only the delta's directory (as fetched and verified) is
+handed; a refusal (``DeltaNotApplicable``, ``EngineRejected``) leaves the old weights
+serving and is :class:`PatchRefused`, for the caller to load the rebuilt directory.
+
 A failure says whether the engine answered (:attr:`HandoverFailed.outcome_known`): an
 explicit refusal or "busy" means it did not take the load; a timeout, a lost connection
 or a server error means it may have, or may still be loading — that buffer then stays
@@ -22,8 +30,15 @@ from pathlib import Path
 
 from hotload.api import KvCachePolicy, SnapshotKind, Transition
 from hotload.cancellation import run_in_thread
+from hotload.engines.capabilities import PatchesInPlace, swaps_between_tokens
 from hotload.engines.protocol import Engine, EngineReport, PauseMode
-from hotload.errors import DigestMismatch, EngineBusy, EngineRejected, HotloadError
+from hotload.errors import (
+    DeltaNotApplicable,
+    DigestMismatch,
+    EngineBusy,
+    EngineRejected,
+    HotloadError,
+)
 from hotload.sidecar.metrics import AgentMetrics
 from hotload.sidecar.planning import Slot, Staged
 from hotload.sidecar.staging import StagingArea
@@ -42,6 +57,14 @@ class HandoverFailed(Exception):
         super().__init__(str(error))
         self.error = error
         self.outcome_known = outcome_known
+
+
+class PatchRefused(Exception):
+    """The engine did not patch the delta in place and serves its old weights on."""
+
+    def __init__(self, error: HotloadError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class Handover:
@@ -79,6 +102,22 @@ class Handover:
         drained: from then on the job is in the engine's hands and is not preempted.
         """
         path = self.staging.engine_path(slot, staged.identity)
+        between = swaps_between_tokens(self.engine)
+        if transition is Transition.ASYNC and between is not None:
+            on_swapping()
+            if slot != served:
+                await run_in_thread(self.staging.set_roles, served, slot)
+            try:
+                await between.load_between_tokens(
+                    path, staged.identity, kind=staged.kind, cache_policy=cache_policy
+                )
+            except (EngineRejected, EngineBusy) as err:
+                raise HandoverFailed(err, outcome_known=True) from err
+            except Exception as err:  # a timeout, a lost answer, a server error: unknown
+                raise HandoverFailed(err, outcome_known=False) from err
+            report = await self._confirm(staged)
+            await run_in_thread(self.staging.set_roles, slot, None)
+            return report
         async with self.gate.swapping(transition, self.drain_timeout_s):
             on_swapping()
             if slot != served:
@@ -92,6 +131,47 @@ class Handover:
             if cache_policy is not None:
                 await self._apply_cache_policy(cache_policy)
         return report
+
+    async def apply_delta(
+        self,
+        engine: PatchesInPlace,
+        target: Staged,
+        *,
+        transition: Transition,
+        cache_policy: KvCachePolicy | None,
+        on_swapping: Callable[[], None],
+    ) -> EngineReport:
+        """Hand the fetched, verified delta of ``target`` to the engine's in-place patch;
+        the engine's report afterwards (it must name ``target`` with its digest).
+
+        ASYNC: no pause, no held requests (the engine patches beside serving and copies
+        the changed elements between two tokens). SYNC: the gate drains first, as for a
+        load. :class:`PatchRefused` when the engine kept its old weights."""
+        path = self.staging.engine_fetch_path(target.identity)
+        if transition is Transition.ASYNC:
+            on_swapping()
+            await self._patch(engine, path, target, cache_policy)
+            return await self._confirm(target)
+        async with self.gate.swapping(transition, self.drain_timeout_s):
+            on_swapping()
+            await self._patch(engine, path, target, cache_policy)
+            return await self._confirm(target)
+
+    async def _patch(
+        self,
+        engine: PatchesInPlace,
+        path: Path,
+        target: Staged,
+        cache_policy: KvCachePolicy | None,
+    ) -> None:
+        try:
+            await engine.apply_delta(path, target.identity, cache_policy=cache_policy)
+        except (DeltaNotApplicable, EngineRejected) as err:
+            raise PatchRefused(err) from err
+        except EngineBusy as err:
+            raise HandoverFailed(err, outcome_known=True) from err
+        except Exception as err:  # a timeout, a lost answer, a server error: unknown
+            raise HandoverFailed(err, outcome_known=False) from err
 
     async def _load(
         self,

@@ -229,21 +229,8 @@ class SnapshotLoader:
         plan = choice.plan
         manifests = [await self.manifest(identity) for identity in plan.apply]
         current = target.identity
+        await self.fetch_verified(manifests, timings, token)
         try:
-            with timings.phase("fetch", self.metrics):
-                timings.stored_bytes = sum(
-                    m.stored_bytes() + len(self._manifests[m.identity][1]) for m in manifests
-                )
-                timings.fetched_bytes += sum(len(self._manifests[m.identity][1]) for m in manifests)
-                self._on_phase(Phase.FETCHING)
-                for manifest in manifests:
-                    await run_cancellable(token, self._keep_manifest, manifest.identity)
-                await self._fetch(manifests, timings, token)
-            self._on_phase(Phase.VERIFYING)
-            with timings.phase("verify", self.metrics):
-                for manifest in manifests:
-                    current = manifest.identity
-                    await run_cancellable(token, self._verify_stored, manifest, token)
             self._on_phase(Phase.REBUILDING)
             with timings.phase("rebuild", self.metrics):
                 base = self._base_dir(choice, into, served)
@@ -260,6 +247,32 @@ class SnapshotLoader:
                 final.identity,
             )
         return Built(target, plan.via, into, staged, final)
+
+    async def fetch_verified(
+        self, manifests: list[Manifest], timings: LoadTimings, token: CancelToken
+    ) -> None:
+        """Fetch every stored file of ``manifests`` (the manifest written beside them) and
+        check each one's size and hash: what a rebuild reads, or what an engine that
+        patches in place is handed (``fetch/<identity>/``).
+
+        Raises :class:`BuildFailed` carrying the error and the snapshot at fault."""
+        current = manifests[-1].identity if manifests else ""
+        try:
+            with timings.phase("fetch", self.metrics):
+                timings.stored_bytes = sum(
+                    m.stored_bytes() + len(self._manifests[m.identity][1]) for m in manifests
+                )
+                self._on_phase(Phase.FETCHING)
+                for manifest in manifests:
+                    await run_cancellable(token, self._keep_manifest, manifest.identity)
+                await self._fetch(manifests, timings, token)
+            self._on_phase(Phase.VERIFYING)
+            with timings.phase("verify", self.metrics):
+                for manifest in manifests:
+                    current = manifest.identity
+                    await run_cancellable(token, self._verify_stored, manifest, token)
+        except HotloadError as err:
+            raise BuildFailed(err, snapshot_at_fault(err, current)) from err
 
     def _base_dir(
         self, choice: BuildChoice, into: Slot, served: tuple[Slot, Staged] | None

@@ -7,8 +7,12 @@ each one is a row in a table test (``tests/unit/sidecar/test_planning.py``):
   still the snapshot we loaded, restarted (or loaded by someone else), a load of unknown
   outcome that landed, or (after a sidecar restart) a staged snapshot to adopt.
 - :func:`next_step` — what to do now: wait for the engine, settle a load of unknown
-  outcome, reload the served buffer, swap an already built target, build the target, or
-  nothing (Ready, Failed, no target).
+  outcome, reload the served buffer, swap an already built target, build the target,
+  catch staging up with a snapshot the engine serves but no buffer holds, or nothing
+  (Ready, Failed, no target).
+- :func:`choose_route` — how the target reaches the engine: its one delta patched into
+  the engine's live weights (the engine serves exactly that delta's previous snapshot and
+  can patch in place), or a rebuilt directory loaded.
 - :func:`choose_build` — how to build the target into the free buffer: patch what that
   buffer holds in place, rebuild from the served buffer, or replay from a Full.
 - :func:`after_failure` — retry (with which backoff attempt), replay from the Full
@@ -232,7 +236,15 @@ class StepKind(StrEnum):
     SWAP = "Swap"
     """The free buffer already holds the target, verified: hand it over."""
     BUILD = "Build"
-    """Build the target into the free buffer, then hand it over."""
+    """Bring the target to the engine: its delta patched in the engine
+    (:func:`choose_route`), else built into the free buffer and handed over."""
+    CATCH_UP = "CatchUp"
+    """The engine serves the target, but the served buffer holds another snapshot (the
+    engine patched a delta in place, or a restarted sidecar adopted what the engine
+    named): build the target into the free buffer, off the critical path, and make it the
+    served buffer — no load, the engine already serves it — so a restarted engine
+    reloads the snapshot it served. Until then a restart reloads the older served
+    buffer (verified) and the target is reached again."""
 
 
 @dataclass(frozen=True)
@@ -253,6 +265,11 @@ class Hold:
     failed_snapshot: str
 
 
+def staged_behind(serving: Serving | None, buffers: Buffers) -> bool:
+    """The engine serves a snapshot that the served buffer does not hold."""
+    return serving is not None and not same_snapshot(buffers.held(buffers.served), serving)
+
+
 def next_step(
     target: SnapshotRef | None,
     serving: Serving | None,
@@ -260,8 +277,12 @@ def next_step(
     hold: Hold | None,
     *,
     engine_answers: bool,
+    catch_up_given_up: SnapshotRef | None = None,
 ) -> Step:
-    """The one thing to do now, from what is known (see :class:`StepKind`)."""
+    """The one thing to do now, from what is known (see :class:`StepKind`).
+
+    ``catch_up_given_up``: a snapshot whose catch-up failed for good (it is not tried
+    again; the served buffer stays the older snapshot)."""
     if not engine_answers:
         return Step(StepKind.WAIT_ENGINE)
     if buffers.handed is not None:
@@ -277,11 +298,57 @@ def next_step(
     if hold is not None and same_snapshot(hold.target, target):
         return Step(StepKind.HOLD, target=target)
     if serving is not None and same_snapshot(serving, target):
+        free = buffers.free_slot()
+        if (
+            staged_behind(serving, buffers)
+            and free is not None
+            and not same_snapshot(catch_up_given_up, target)
+        ):
+            return Step(StepKind.CATCH_UP, free, target)
         return Step(StepKind.READY, serving.slot, target)
     for slot in Slot:
         if not buffers.in_use(slot) and same_snapshot(buffers.held(slot), target):
             return Step(StepKind.SWAP, slot, target)
     return Step(StepKind.BUILD, buffers.free_slot(), target)
+
+
+# --- how the target reaches the engine ------------------------------------------------
+
+
+class Route(StrEnum):
+    IN_ENGINE = "InEngine"
+    """Fetch and verify the target's delta only, and hand it to the engine's in-place
+    patch; a refusal (it cannot, or a tensor failed its check: the old weights serve on)
+    falls back to the directory load in the same job."""
+    DIRECTORY = "Directory"
+    """Build the target into the free buffer and hand that directory over."""
+
+
+def choose_route(
+    target: SnapshotRef,
+    serving: Serving | None,
+    from_serving: UpdatePlan | None,
+    *,
+    patches_in_place: bool,
+    fresh: bool,
+    refused: SnapshotRef | None,
+) -> Route:
+    """Patch in the engine only for a one-delta step from what the engine itself serves.
+
+    ``serving`` is what the engine's own report confirmed (identity, and digest where it
+    gives one); ``from_serving`` the chain planner's plan from that identity. Anything
+    else — no confirmed snapshot, more than one delta, a Full, a fresh replay (the
+    bucket is being re-read: the rebuild tells bad files from bad copies), an engine
+    without the capability, or one that already refused this target — loads a
+    directory.
+    """
+    if not patches_in_place or fresh or serving is None or from_serving is None:
+        return Route.DIRECTORY
+    if same_snapshot(refused, target) or target.kind is not SnapshotKind.INCREMENTAL:
+        return Route.DIRECTORY
+    if from_serving.via is not LoadPath.DELTA or from_serving.apply != (target.identity,):
+        return Route.DIRECTORY
+    return Route.IN_ENGINE
 
 
 # --- how to build ---------------------------------------------------------------------
@@ -360,6 +427,9 @@ class Job(StrEnum):
     RELOAD = "Reload"
     """Handing a buffer the engine served (or was handed) to it again: a reload or a
     settling load."""
+    CATCH_UP = "CatchUp"
+    """Building the snapshot the engine already serves into the free buffer (the engine
+    untouched; its failure never fails the replica)."""
 
 
 @dataclass(frozen=True)
@@ -391,6 +461,10 @@ class Action(StrEnum):
     """At once: replay from the last Full, every file fetched again."""
     FAIL = "Fail"
     """Failed with ``reason`` until the target moves."""
+    GIVE_UP = "GiveUp"
+    """CATCH_UP: stop catching staging up with this snapshot. The replica stays Ready
+    (the engine serves the target); a restarted engine reloads the older served buffer
+    and the target is reached again from there."""
 
 
 @dataclass(frozen=True)
@@ -423,11 +497,20 @@ def after_failure(
     unexpected exception), a digest mismatch or an unknown load outcome is retried as
     transient up to ``unexpected_cap`` times, then Failed (``InternalError`` for a bug).
     A chain-breaking reason is first retried as a replay from the Full with every file
-    fetched again; only when that fails too is it reported.
+    fetched again; only when that fails too is it reported. A catch-up never fails the
+    replica (the engine serves the target): transient reasons are retried, a
+    chain-breaking one is replayed afresh once (a corrupt copy in staging is healed from
+    the bucket), anything else gives up.
     """
     reason = failure.reason if failure.expected else INTERNAL_ERROR
     klass = reason_class(reason)
     transient = failure.expected and klass is ReasonClass.TRANSIENT
+    if failure.job is Job.CATCH_UP:
+        if transient:
+            return FailureDecision(Action.RETRY, reason, backoff_attempt=attempts.transient)
+        if failure.expected and klass is ReasonClass.CHAIN_BREAKING and not failure.fresh:
+            return FailureDecision(Action.RETRY_FRESH, reason)
+        return FailureDecision(Action.GIVE_UP, reason)
     if failure.job in (Job.BUILD, Job.DRAIN):
         if transient:
             return FailureDecision(Action.RETRY, reason, backoff_attempt=attempts.transient)
@@ -492,14 +575,14 @@ def should_preempt(
     job: Job, working_on: SnapshotRef | None, target: SnapshotRef | None, *, engine_lost: bool
 ) -> bool:
     """Whether the job in flight is cancelled. A job the engine has in hand (a swap) is
-    never abandoned; building or draining for a target that is no longer the target is;
-    so is building while the engine lost its weights (the served buffer is reloaded
-    first, the build starts again from its downloaded files)."""
+    never abandoned; building, draining or catching up for a target that is no longer
+    the target is; so is building or catching up while the engine lost its weights (the
+    served buffer is reloaded first, the build starts again from its downloaded files)."""
     if job in (Job.SWAP, Job.RELOAD) or working_on is None:
         return False
     if not same_snapshot(working_on, target):
         return True
-    return engine_lost and job is Job.BUILD
+    return engine_lost and job in (Job.BUILD, Job.CATCH_UP)
 
 
 # --- what the pod says ----------------------------------------------------------------
@@ -531,6 +614,7 @@ __all__ = [
     "FailureDecision",
     "Hold",
     "Job",
+    "Route",
     "Serving",
     "Slot",
     "Staged",
@@ -539,9 +623,11 @@ __all__ = [
     "Verdict",
     "after_failure",
     "choose_build",
+    "choose_route",
     "judge_engine",
     "next_step",
     "replica_state",
     "same_snapshot",
     "should_preempt",
+    "staged_behind",
 ]

@@ -5,7 +5,8 @@ sidecar restart, which is what lets a killed sidecar resume its downloads and kn
 buffer the engine may still be reading::
 
     <staging>/fetch/<identity>/<file>       complete downloads as in the bucket, plus the
-                                            snapshot's manifest
+                                            snapshot's manifest (a verified delta here is
+                                            what an engine that patches in place is handed)
     <staging>/partial/<identity>/<file>.part(.json)
                                             downloads in progress: outside the snapshot's
                                             own names, so a file may be called x.part
@@ -137,6 +138,14 @@ class StagingArea:
         Every snapshot gets its own path (vLLM may serve stale weights when one path is
         reloaded with other content)."""
         return Path(PurePosixPath(STAGING_MOUNT_PATH) / BUFFERS / slot.value / identity)
+
+    @staticmethod
+    def engine_fetch_path(identity: str) -> Path:
+        """The path of a fetched, verified delta as an engine that patches in place is
+        handed it (under the staging mount path). The engine runs one load or patch at a
+        time, and a download is removed only after the engine answered that patch (or a
+        later load): nothing it reads is changed under it."""
+        return Path(PurePosixPath(STAGING_MOUNT_PATH) / FETCH / identity)
 
     # --- what the buffers hold ------------------------------------------------------------
 

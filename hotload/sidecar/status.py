@@ -77,6 +77,9 @@ class SwapRecord(_Model):
     stored_bytes: int = 0
     """Bytes of every file the plan needed, manifests included (fetched now, resumed, or
     already local): the bytes a load moves when nothing is resumed."""
+    in_engine: bool = False
+    """The delta was patched into the engine's live weights (no directory was loaded;
+    staging catches up after Ready)."""
 
 
 class EngineSeen(_Model):

@@ -10,7 +10,8 @@
   409 (another load runs). ``POST /admin/apply_delta {path, identity}`` — patch the served
   weights with the verified delta at ``path`` in place: 200, 422 (refused: old weights
   serve on; ``"fallback": "load"`` when the delta cannot be patched in place and the
-  rebuilt directory should be loaded instead), 409 (another load runs).
+  rebuilt directory should be loaded instead), 409 (another load runs). Both take an
+  optional ``cache_policy``, applied between the same two tokens as the swap.
   ``POST /admin/pause {mode}``, ``POST /admin/resume``, ``POST /admin/reset_cache
   {policy}``, ``GET /admin/identity``, ``GET /admin/cache``.
 - Debugging for tests: ``POST /admin/logits {prompt_token_ids}`` (sha256 of the float32
@@ -211,7 +212,9 @@ def create_app(runtime: ReferenceRuntime, *, served_name: str, root: Path | None
 
     @app.post("/admin/load")
     async def load(body: LoadRequest) -> dict[str, Any]:
-        report = await runtime.load(host_path(body.path, root), body.identity, body.kind)
+        report = await runtime.load(
+            host_path(body.path, root), body.identity, body.kind, cache_policy=body.cache_policy
+        )
         return {
             "identity": report.identity,
             "kind": report.kind.value,
@@ -221,7 +224,9 @@ def create_app(runtime: ReferenceRuntime, *, served_name: str, root: Path | None
 
     @app.post("/admin/apply_delta")
     async def apply_delta(body: DeltaRequest) -> dict[str, Any]:
-        report = await runtime.apply_delta(host_path(body.path, root), body.identity)
+        report = await runtime.apply_delta(
+            host_path(body.path, root), body.identity, cache_policy=body.cache_policy
+        )
         return {
             "identity": report.identity,
             "kind": report.kind.value,

@@ -5,10 +5,11 @@ directory (a full read and copy of every weight) costs far more than the change.
 engine keeps the exact bits it serves (``storage``, the snapshot's dtype) and patches
 them where they are: every stored file's sha256 and the chain are checked first, the
 changes are decoded straight into the held tensors, and every patched tensor's xxh3-128
-is checked against the manifest. Only then, between two tokens, are the changed
-elements copied into the parameters the model computes with (when those are another
-dtype, e.g. float32 on CPU); when they are the same tensors, the whole patch runs
-between two tokens. Any failure undoes every change (the patch is all or nothing), so
+is checked against the manifest. Only then are the patched tensors widened into new
+parameters of the compute dtype (when the model computes in another dtype, e.g. float32
+on CPU), still beside serving; between two tokens the parameters are only pointed at
+them. When the held bits are the parameters themselves, the whole patch runs between
+two tokens. Any failure undoes every change (the patch is all or nothing), so
 the engine keeps serving exactly its old weights and says why.
 
 A delta that changes the model's layout (a tensor added, removed, reshaped or retyped)
@@ -110,29 +111,6 @@ def patch_storage(
             f"the delta was refused ({err.reason}): {err}", reason=err.reason, path=str(path)
         ) from err
     return changes
-
-
-def copy_changes(
-    changes: list[Change],
-    storage: Mapping[str, torch.Tensor],
-    parameters: Mapping[str, torch.Tensor],
-) -> int:
-    """Copy the changed elements from the held tensors into the parameters (another
-    dtype); returns how many elements were copied. Runs between two tokens."""
-    copied = 0
-    with torch.no_grad():
-        for change in changes:
-            source = storage[change.name].reshape(-1)
-            target = parameters[change.name].view(-1)
-            if change.positions is None:
-                end = change.start + change.length
-                target[change.start : end].copy_(source[change.start : end])
-                copied += change.length
-                continue
-            index = torch.from_numpy(change.positions.astype(np.int64) + change.start)
-            target[index] = source[index].to(target.dtype)
-            copied += len(index)
-    return copied
 
 
 def changed_positions(held: torch.Tensor, new: torch.Tensor) -> torch.Tensor:

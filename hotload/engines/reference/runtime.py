@@ -5,10 +5,22 @@ swap lands exactly between two tokens and no step ever sees half-copied weights.
 generated token is labelled with the identity of the weights that produced it.
 
 Swaps: weights are read and validated in a thread *before* the lock is taken (a refusal
-changes nothing: the old weights keep serving); then, under the lock, they are copied
-into the served parameters (Full/Incremental) or the served model is replaced by the
+changes nothing: the old weights keep serving). An engine computing in another dtype than
+the snapshot's (float32 on CPU, the default) also builds the new parameters there, so
+under the lock the parameters are only pointed at them (a pause of a few milliseconds,
+whatever the model's size; the old and new parameters coexist during the swap: one
+more copy of the model in memory); otherwise, under the lock, they are copied into the
+served parameters (Full/Incremental). For LoRA the served model is replaced by the
 base merged with the adapter (LoRA, through PEFT; the base stays aside for the next
-adapter). Only one load runs at a time (a second one is ``EngineBusy``).
+adapter). Only one load runs at a time (a second one is ``EngineBusy``). A load or a
+delta may carry the KV-cache policy, applied under the same lock as the swap, so no
+request ever meets the new weights with the old cache (the sidecar then needs neither a
+pause nor a held gate around the load: docs/engines.md, "Capabilities").
+
+The served weights' digest (``/admin/identity?digest=true``) is computed from the held
+bits under ``_storage_lock``, not the model lock, when the engine holds its own copy
+(another compute dtype): tokens keep flowing meanwhile. After a delta it is the delta's
+manifest digest, proven by the patch, which checked every tensor's hash against it.
 
 Pausing (``PauseMode``): ``in_place`` stops in-flight generations before their next
 token and holds new ones; ``wait`` holds new ones and returns once in-flight ones ended.
@@ -37,6 +49,7 @@ from hotload.engines.reference import tokenizer as tok
 from hotload.engines.reference.cache import DEFAULT_CAPACITY, PromptCache
 from hotload.engines.reference.weights import merge_lora, read_full_snapshot
 from hotload.errors import EngineBusy, EngineRejected
+from hotload.snapshot import manifest_digest
 from hotload.snapshot.digest import tensor_hash, tensor_set_digest
 
 log = logging.getLogger(__name__)
@@ -92,6 +105,27 @@ class _Prepared:
     serving): then only those elements are written between two tokens."""
     aliases: dict[str, str] = field(default_factory=dict)
     """Tied aliases the snapshot's files carried (alias → canonical name)."""
+    fresh: dict[str, torch.Tensor] | None = None
+    """An engine with its own copy of the bits: the new parameters, already in the
+    compute dtype, built beside serving; the swap only points the parameters at them."""
+    held: dict[str, torch.Tensor] | None = None
+    """With ``fresh``: the new held bits (the snapshot's dtype)."""
+
+
+def _point_at(parameters: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor]) -> None:
+    """Point each named parameter at its new tensor (built beside serving): the whole
+    swap between two tokens is this loop of pointer changes, whatever the model's size."""
+    with torch.no_grad():
+        for name, tensor in fresh.items():
+            parameters[name].data = tensor.view_as(parameters[name])
+
+
+def _bits_hash(tensor: torch.Tensor) -> str:
+    """xxh3-128 of a tensor's bytes as stored (a contiguous one is read in place)."""
+    if not tensor.numel():
+        return tensor_hash(b"")
+    flat = tensor.detach().contiguous().reshape(-1)
+    return tensor_hash(flat.view(torch.uint8).numpy().data)
 
 
 class ReferenceRuntime:
@@ -113,8 +147,9 @@ class ReferenceRuntime:
         self.loading: str | None = None
         """The identity being loaded right now, if any."""
         self.swap_delay_s = 0.0
-        """Seconds between reading a load's files and swapping them in: a slow engine,
-        set through ``POST /admin/swap_delay`` by fault-injection tests."""
+        """Seconds between reading a load's files (or patching a delta's) and swapping
+        them in: a slow engine, set through ``POST /admin/swap_delay`` by
+        fault-injection tests."""
         self._loaded_aliases: dict[str, str] = {}
         self._digest: tuple[int, str | None] | None = None
         self.compute_dtype = compute_dtype
@@ -127,6 +162,9 @@ class ReferenceRuntime:
         self.kind = SnapshotKind.FULL
         self.cache = PromptCache(cache_capacity)
         self.model_lock = asyncio.Lock()
+        self._storage_lock = asyncio.Lock()
+        """Held while the held bits (``_storage``) change or are hashed: a digest then
+        never sees half a swap, without stopping generation (which reads the parameters)."""
         self._admit = asyncio.Event()
         self._flow = asyncio.Event()
         self._admit.set()
@@ -135,11 +173,19 @@ class ReferenceRuntime:
         self._idle = asyncio.Condition()
         self._loading = False
         self.swaps = 0
+        self.deltas_applied = 0
+        """Deltas patched in place (``apply_delta``) since the start."""
         self._storage: dict[str, torch.Tensor] | None = None
         """The served weights' exact bits in the snapshot's dtype, which deltas patch in
         place (the parameters themselves when they are that dtype); None under LoRA."""
 
     # --- state -----------------------------------------------------------------------
+
+    @property
+    def _own_copy(self) -> bool:
+        """The held bits are a copy beside the parameters (they compute in another dtype);
+        else they are the parameters themselves."""
+        return self.compute_dtype != self.storage_dtype
 
     @property
     def paused(self) -> bool:
@@ -163,6 +209,12 @@ class ReferenceRuntime:
         )
         present = rm.tensor_names(path)
         aliases = {a: c for a, c in self._aliases.items() if a in present}
+        if self._own_copy:
+            # Everything the swap needs is built here, beside serving: the widening to the
+            # compute dtype is exact, so the new parameters equal the snapshot's bits.
+            fresh = {name: tensor.to(self.compute_dtype) for name, tensor in tensors.items()}
+            held = {name: tensor.detach().clone() for name, tensor in tensors.items()}
+            return _Prepared(kind, tensors=tensors, aliases=aliases, fresh=fresh, held=held)
         storage = self._storage
         if storage is None or self._serving is not self._base:
             return _Prepared(kind, tensors=tensors, aliases=aliases)
@@ -183,6 +235,11 @@ class ReferenceRuntime:
             return
         tensors = prepared.tensors or {}
         parameters = rm.parameters(self._base)
+        if prepared.fresh is not None and prepared.held is not None:
+            _point_at(parameters, prepared.fresh)
+            self._serving = self._base
+            self._storage = prepared.held
+            return
         if prepared.changed is not None and self._storage is not None:
             delta.write_positions(prepared.changed, tensors, self._storage, parameters)
             return
@@ -190,69 +247,96 @@ class ReferenceRuntime:
             for name, param in parameters.items():
                 param.copy_(tensors[name])
         self._serving = self._base
-        if self.compute_dtype == self.storage_dtype:
+        if not self._own_copy:
             self._storage = parameters
         else:  # own copies: the loaded tensors may be views of the snapshot's files
             self._storage = {name: tensors[name].detach().clone() for name in parameters}
 
-    async def apply_delta(self, path: Path, identity: str) -> LoadReport:
+    async def apply_delta(
+        self, path: Path, identity: str, *, cache_policy: KvCachePolicy | None = None
+    ) -> LoadReport:
         """Patch the served weights with the delta at ``path`` (docs/engines.md).
 
         Checked and decoded beside serving when the model computes in another dtype than
         the snapshot's (only the changed elements are copied between two tokens), else
         between two tokens as a whole. ``LayoutChanged`` or ``EngineRejected`` leave the
-        old weights serving, untouched.
+        old weights serving, untouched. ``cache_policy`` is applied between the same two
+        tokens as the patch.
         """
         if self._loading:
             raise EngineBusy("another load is running", identity=identity)
         self._loading = True
         self.loading = identity
         try:
-            started = time.perf_counter()
-            storage = self._storage
-            manifest = delta.read_delta(path, self.identity, self.kind)
-            if storage is None:
-                raise delta.LayoutChanged("serving a LoRA merge: load the rebuilt directory")
-            if manifest.identity != identity:
-                raise EngineRejected(
-                    "the delta is another snapshot", expected=identity, found=manifest.identity
-                )
-            delta.check_layout(manifest, storage)
-            parameters = rm.parameters(self._base)
-            shared = storage is parameters
-            if not shared:
-                changes = await asyncio.to_thread(
-                    delta.patch_storage, storage, path, manifest, self.identity
-                )
-            read_done = time.perf_counter()
-            async with self.model_lock:
-                if shared:
-                    await asyncio.to_thread(
-                        delta.patch_storage, storage, path, manifest, self.identity
-                    )
-                else:
-                    await asyncio.to_thread(delta.copy_changes, changes, storage, parameters)
-                previous, self.identity = self.identity, identity
-                self.kind = SnapshotKind.INCREMENTAL
-                self.swaps += 1
-            swapped = time.perf_counter() - read_done
-            report = LoadReport(identity, SnapshotKind.INCREMENTAL, read_done - started, swapped)
-            log.info(
-                "delta applied in place",
-                extra={
-                    "identity": identity,
-                    "previous": previous,
-                    "path": str(path),
-                    "patch_s": round(report.read_seconds, 4),
-                    "swap_s": round(report.swap_seconds, 4),
-                },
-            )
-            return report
+            async with self._storage_lock:
+                return await self._patch(path, identity, cache_policy)
         finally:
             self._loading = False
             self.loading = None
 
-    async def load(self, path: Path, identity: str, kind: SnapshotKind) -> LoadReport:
+    async def _patch(
+        self, path: Path, identity: str, cache_policy: KvCachePolicy | None
+    ) -> LoadReport:
+        started = time.perf_counter()
+        storage = self._storage
+        manifest = delta.read_delta(path, self.identity, self.kind)
+        if storage is None:
+            raise delta.LayoutChanged("serving a LoRA merge: load the rebuilt directory")
+        if manifest.identity != identity:
+            raise EngineRejected(
+                "the delta is another snapshot", expected=identity, found=manifest.identity
+            )
+        delta.check_layout(manifest, storage)
+        parameters = rm.parameters(self._base)
+        shared = not self._own_copy
+        fresh: dict[str, torch.Tensor] = {}
+        if not shared:
+            changes = await asyncio.to_thread(
+                delta.patch_storage, storage, path, manifest, self.identity
+            )
+            touched = {change.name for change in changes}
+            fresh = await asyncio.to_thread(
+                lambda: {name: storage[name].to(self.compute_dtype) for name in sorted(touched)}
+            )
+        read_done = time.perf_counter()
+        if self.swap_delay_s:
+            await asyncio.sleep(self.swap_delay_s)
+        async with self.model_lock:
+            if shared:
+                await asyncio.to_thread(delta.patch_storage, storage, path, manifest, self.identity)
+            else:
+                _point_at(parameters, fresh)
+            if cache_policy is not None:
+                self.cache.apply(cache_policy)
+            previous, self.identity = self.identity, identity
+            self.kind = SnapshotKind.INCREMENTAL
+            self.swaps += 1
+            self.deltas_applied += 1
+            # The patch checked every tensor's hash against this manifest.
+            self._loaded_aliases = {}
+            self._digest = (self.swaps, manifest_digest(manifest))
+        swapped = time.perf_counter() - read_done
+        report = LoadReport(identity, SnapshotKind.INCREMENTAL, read_done - started, swapped)
+        log.info(
+            "delta applied in place",
+            extra={
+                "identity": identity,
+                "previous": previous,
+                "path": str(path),
+                "patch_s": round(report.read_seconds, 4),
+                "swap_s": round(report.swap_seconds, 4),
+            },
+        )
+        return report
+
+    async def load(
+        self,
+        path: Path,
+        identity: str,
+        kind: SnapshotKind,
+        *,
+        cache_policy: KvCachePolicy | None = None,
+    ) -> LoadReport:
         """Validate, then swap between two tokens; ``EngineRejected`` leaves the old weights."""
         if self._loading:
             raise EngineBusy("another load is running", identity=identity)
@@ -264,8 +348,10 @@ class ReferenceRuntime:
             read_done = time.perf_counter()
             if self.swap_delay_s:
                 await asyncio.sleep(self.swap_delay_s)
-            async with self.model_lock:
+            async with self.model_lock, self._storage_lock:
                 await asyncio.to_thread(self._apply, prepared)
+                if cache_policy is not None:
+                    self.cache.apply(cache_policy)
                 previous, self.identity, self.kind = self.identity, identity, kind
                 self._loaded_aliases = prepared.aliases
                 self.loaded = True
@@ -406,8 +492,11 @@ class ReferenceRuntime:
     async def tensor_digest(self) -> str | None:
         """The served weights' tensor-set digest — ``manifest_digest`` of the snapshot
         they came from when served bit for bit (None for a merged LoRA: its weights are
-        no snapshot's). Computed once per swap, under the model lock."""
-        async with self.model_lock:
+        no snapshot's). Computed once per swap: from the held bits under the storage lock
+        when they are the engine's own copy (generation goes on meanwhile), else under
+        the model lock."""
+        own_copy = self._storage is not None and self._own_copy
+        async with self._storage_lock if own_copy else self.model_lock:
             cached = self._digest
             if cached is not None and cached[0] == self.swaps:
                 return cached[1]
@@ -419,11 +508,12 @@ class ReferenceRuntime:
             return value
 
     def _compute_digest(self) -> str:
-        stored = rm.state_for_snapshot(self._serving, self.storage_dtype)
-        hashes = {
-            name: tensor_hash(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
-            for name, tensor in stored.items()
-        }
+        held = self._storage
+        if held is not None and self._serving is self._base:
+            stored = dict(held)  # the exact bits, hashed where they are (no copy)
+        else:
+            stored = rm.state_for_snapshot(self._serving, self.storage_dtype)
+        hashes = {name: _bits_hash(tensor) for name, tensor in stored.items()}
         for alias, canonical in self._loaded_aliases.items():
             hashes[alias] = hashes[canonical]
         return tensor_set_digest(hashes.items())
@@ -438,6 +528,7 @@ class ReferenceRuntime:
             "paused": self.paused,
             "active_generations": self._active,
             "swaps": self.swaps,
+            "deltas_applied": self.deltas_applied,
             "storage_dtype": rm.dtype_name(self.storage_dtype),
             "compute_dtype": rm.dtype_name(self.compute_dtype),
         }

@@ -55,6 +55,8 @@ class LoadRequest(BaseModel):
     path: Annotated[str, Field(min_length=1)]
     identity: Identity
     kind: SnapshotKind = SnapshotKind.FULL
+    cache_policy: KvCachePolicy | None = None
+    """Applied between the same two tokens as the swap (None: the cache is kept)."""
 
 
 class DeltaRequest(BaseModel):
@@ -64,6 +66,8 @@ class DeltaRequest(BaseModel):
 
     path: Annotated[str, Field(min_length=1)]
     identity: Identity
+    cache_policy: KvCachePolicy | None = None
+    """Applied between the same two tokens as the patch (None: the cache is kept)."""
 
 
 class PauseRequest(BaseModel):

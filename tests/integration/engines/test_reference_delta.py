@@ -18,13 +18,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hotload.api import SnapshotKind
+from hotload.api import KvCachePolicy, SnapshotKind
 from hotload.engines import ReferenceEngine
+from hotload.engines.capabilities import patches_in_place, swaps_between_tokens
 from hotload.errors import DeltaNotApplicable, EngineRejected
-from hotload.snapshot import encode
+from hotload.snapshot import encode, manifest_digest, read_manifest
 from tests.integration.engines.conftest import EngineProcess
 from tests.integration.engines.test_reference_engine import (
     Publish,
+    admin,
     complete,
     expected_digests,
     served_digests,
@@ -84,6 +86,30 @@ async def test_a_delta_is_patched_in_place_bit_exact(
     assert (logits, weights) == expected_digests(current)
     answer = await complete(engine, "hello")
     assert answer["hotload_identity"] == "dp-2"
+
+
+async def test_after_a_patch_the_digest_is_the_manifests_and_the_cache_policy_applied(
+    engine: ReferenceEngine, publish: Publish, engine_workdir: Path
+) -> None:
+    """The digest the engine reports after a patch (the delta's manifest digest, proven
+    by the patch's tensor checks) equals the one it computes from its bits after
+    loading the same weights as a directory; the cache policy lands with the patch."""
+    assert patches_in_place(engine) is engine and swaps_between_tokens(engine) is engine
+    full = await serving_full(engine, publish, "dg-1")
+    current = rl_step(full, engine_workdir / "dg-2-weights", seed=6)
+    delta = delta_of(full, current, engine_workdir / "dg-2", "dg-2", "dg-1")
+    await complete(engine, "fill the prompt cache", session="dg")
+    assert (await admin(engine, "GET", "/admin/cache"))["entries"]
+    await engine.apply_delta(delta, "dg-2", cache_policy=KvCachePolicy.ALL)
+    assert (await admin(engine, "GET", "/admin/cache"))["entries"] == []
+    patched = await engine.report(digest=True)
+    assert patched.identity == "dg-2"
+    assert patched.digest == manifest_digest(read_manifest(delta))
+    described = await admin(engine, "GET", "/admin/identity")
+    assert described["deltas_applied"] >= 1
+    await engine.load_between_tokens(current, "dg-2-dir", kind=SnapshotKind.FULL, cache_policy=None)
+    loaded = await engine.report(digest=True)
+    assert loaded.identity == "dg-2-dir" and loaded.digest == patched.digest
 
 
 async def test_a_stream_in_flight_keeps_going_across_the_patch(

@@ -110,12 +110,34 @@ def fleet(
 async def converge(
     fleet: Fleet, deployment: str, replicas: list[Replica], snapshot: PublishedSnapshot
 ) -> None:
-    """Move ``deployment``'s target to ``snapshot`` and wait until every replica serves it."""
+    """Move ``deployment``'s target to ``snapshot`` and wait until every replica serves it
+    and its staging caught up (the served buffer holds it: a delta patched in the engine
+    is staged after Ready, off the critical path)."""
     fleet.harness.set_target(deployment, snapshot.ref())
     for replica in replicas:
         await fleet.harness.wait_state(replica, snapshot.identity, "Ready", timeout=120)
     for replica in replicas:
+        # The condition is a patch of its own, after the annotations'.
+        await eventually(
+            lambda r=replica: (
+                (gate := fleet.harness.gate(r.pod)) is not None and gate.status == "True"
+            ),
+            timeout=30,
+            what=f"{replica.pod} readiness gate",
+        )
         await assert_serves(fleet, replica, snapshot)
+        await staged(fleet, replica, snapshot)
+
+
+async def staged(fleet: Fleet, replica: Replica, snapshot: PublishedSnapshot) -> None:
+    """Wait until the replica's served buffer holds ``snapshot`` and none is handed."""
+
+    async def caught_up() -> bool:
+        buffers = (await fleet.harness.status(replica))["buffers"]
+        served = buffers["served"]
+        return served is not None and buffers[served] == snapshot.identity and not buffers["handed"]
+
+    await eventually(caught_up, timeout=60, what=f"{replica.pod} staging {snapshot.identity}")
 
 
 async def fresh_delta(fleet: Fleet) -> PublishedSnapshot:
@@ -254,6 +276,9 @@ async def test_2_a_load_in_flight_when_the_sidecar_dies_is_never_patched_under_t
     replica = fleet.slow
     base = await fresh_delta(fleet)
     await converge(fleet, "slow", [replica], base)
+    # Two deltas ahead: the engine cannot patch the step in place, the sidecar hands it a
+    # rebuilt buffer (the path whose in-flight load this test is about).
+    await fresh_delta(fleet)
     pending = await fresh_delta(fleet)
     newer = await fresh_delta(fleet)
     expected = {s.identity: trainer.expected_logits(s).sha256 for s in (base, pending, newer)}
@@ -325,9 +350,7 @@ async def test_3_targets_moved_faster_than_loads_finish_still_converge(fleet: Fl
             status = await harness.status(replica)
             assert (status.get("lastError") or {}).get("reason") != "InternalError", status
             await assert_serves(fleet, replica, last)
-            buffers = status["buffers"]
-            assert buffers["handed"] is None
-            assert buffers[buffers["served"]] == last.identity
+            await staged(fleet, replica, last)
             leftovers = [
                 p for p in (replica.staging / "buffers").rglob("*") if ".partial-" in p.name
             ]
@@ -428,6 +451,8 @@ async def test_6_a_bit_flipped_in_staging_is_repaired_from_the_bucket_never_repo
     replica = fleet.truth[0]
     flipped = [flip_bit(shard) for shard in rebuilt_shards(replica)]
     assert flipped, "nothing staged to damage"
+    # Two deltas ahead: no in-engine patch, the target is rebuilt from the damaged buffers.
+    await fresh_delta(fleet)
     nxt = await fresh_delta(fleet)
     harness.set_target("truth", nxt.ref())
     states: set[str] = set()

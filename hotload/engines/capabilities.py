@@ -1,0 +1,73 @@
+"""What an engine can do beyond the :class:`~hotload.engines.protocol.Engine` Protocol.
+
+Two capabilities change how the sidecar swaps (docs/engines.md, "Capabilities"):
+
+- :class:`PatchesInPlace` — the engine takes a verified delta (an Incremental snapshot
+  directory as fetched) of the snapshot it serves and patches its live weights with it,
+  checking every patched tensor's hash against the manifest; when it cannot
+  (``DeltaNotApplicable``) or refuses (``EngineRejected``) it keeps its old weights, and
+  the sidecar loads the rebuilt directory instead. Only a delta, not a model, crosses.
+- :class:`SwapsBetweenTokens` — the engine reads and checks a load *before* it takes its
+  model lock and then swaps between two tokens, applying the KV-cache policy in the same
+  step: the sidecar neither pauses it nor holds new requests around an ASYNC load (the
+  only pause is the engine's own swap).
+
+The reference engine has both. SGLang 0.5.23 and vLLM 0.33.0 have neither: their
+changed-tensor entry points replace whole tensors over CUDA IPC or NCCL from a torch
+process, and their disk reloads stop generation for the whole read (docs/engines.md,
+"Changed tensors only"). Capabilities are checked structurally (``isinstance`` against
+these runtime-checkable Protocols), so an adapter declares one by implementing it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from hotload.api import KvCachePolicy, SnapshotKind
+
+
+@runtime_checkable
+class PatchesInPlace(Protocol):
+    """An engine that patches its served weights with a verified delta."""
+
+    async def apply_delta(
+        self, path: Path, identity: str, *, cache_policy: KvCachePolicy | None = None
+    ) -> None:
+        """Patch the served weights with the delta at ``path`` (the snapshot directory as
+        fetched, manifest included), then serve them as ``identity``; ``cache_policy``
+        is applied in the same step. ``DeltaNotApplicable``: it cannot (layout changed,
+        serving an adapter); ``EngineRejected``: it refused (another previous snapshot,
+        a tensor failing its check). Either way the old weights serve on, untouched."""
+        ...
+
+
+@runtime_checkable
+class SwapsBetweenTokens(Protocol):
+    """An engine whose load lands between two tokens, the cache policy applied with it."""
+
+    async def load_between_tokens(
+        self,
+        path: Path,
+        identity: str,
+        *,
+        kind: SnapshotKind,
+        cache_policy: KvCachePolicy | None,
+    ) -> None:
+        """Read and check ``path`` while serving, then swap between two tokens and apply
+        ``cache_policy`` (None: keep the cache) before the next token; as
+        :meth:`Engine.load_weights` otherwise."""
+        ...
+
+
+def patches_in_place(engine: object) -> PatchesInPlace | None:
+    """The engine as a :class:`PatchesInPlace`, or None when it cannot patch in place."""
+    return engine if isinstance(engine, PatchesInPlace) else None
+
+
+def swaps_between_tokens(engine: object) -> SwapsBetweenTokens | None:
+    """The engine as a :class:`SwapsBetweenTokens`, or None when a load needs a pause."""
+    return engine if isinstance(engine, SwapsBetweenTokens) else None
+
+
+__all__ = ["PatchesInPlace", "SwapsBetweenTokens", "patches_in_place", "swaps_between_tokens"]
