@@ -1,4 +1,4 @@
-"""Time from a target change to Ready, delta vs full, beside the physical limit (~0.5B bf16).
+"""Time from a target change to Ready, delta vs full, beside the physical limit.
 
 Everything is real: one local region (etcd, kube-apiserver, kwok, the pod runtime with its
 Memory emptyDir on tmpfs), a MinIO bucket that the sidecar reads through a toxiproxy link
@@ -8,8 +8,11 @@ its config) and the real ``hotload sidecar``, and the trainer (``PolicyTrainer``
 real AdamW steps on a next-token loss before each delta (not a fixed share of one-ULP
 changes). For each snapshot it moves ``status.targetSnapshot`` and measures the wall time
 until the pod's annotations say Ready, with the sidecar's split (fetch, verify, rebuild,
-swap) and the bytes, while a client streams tokens from the engine: the longest gap
-between two tokens during the swap, less the median gap, is the engine's pause.
+swap), the bytes and whether the delta was patched in the engine (``inEngine``: then
+there is no rebuild before Ready, staging catches up after), while a client streams
+tokens from the engine: the longest gap between two tokens during the swap, less the
+median gap, is the engine's pause. Before each next step it waits for staging to catch
+up, as a trainer's step time would leave it.
 
 The limit of the same path, measured in the same run: the delta's bytes over the link
 (bytes / stated rate + latency), one memory pass over the model's bytes (a copy of the
@@ -18,7 +21,8 @@ load of the already rebuilt directory from tmpfs, asked directly). The rolling-r
 baseline is measured too: a fresh engine process started on the full snapshot, plus
 fetching that snapshot over the link. Results go to ``results.md`` and ``results.json``.
 
-    ~/.cache/hotload/venv/bin/python -m bench.swap.run_swap_bench [--size 0.5b] [--deltas 3]
+    ~/.cache/hotload/venv/bin/python -m bench.swap.run_swap_bench \
+        [--size 0.5b | bench/swap/model-144m.json] [--deltas 3] [--lr 1e-6]
 """
 
 from __future__ import annotations
@@ -141,6 +145,7 @@ async def _measure(
         "identity": snapshot.identity,
         "kind": snapshot.kind.value,
         "via": swap["via"],
+        "in_engine": bool(swap.get("inEngine")),
         "target_to_ready_s": round(elapsed, 3),
         "sidecar_seconds": swap["seconds"],
         "fetched_bytes": swap["fetchedBytes"],
@@ -150,6 +155,20 @@ async def _measure(
         "loss": snapshot.loss,
         "pause": clock.pause(started, started + elapsed) if clock is not None else None,
     }
+
+
+async def _staging_caught_up(harness: SidecarHarness, replica: Any, identity: str) -> float:
+    """Seconds until the served buffer holds ``identity`` (a delta patched in the engine
+    is staged after Ready); 0 when it already does."""
+    started = time.perf_counter()
+
+    async def caught_up() -> bool:
+        buffers = (await harness.status(replica))["buffers"]
+        served = buffers.get("served")
+        return served is not None and buffers.get(served) == identity
+
+    await eventually(caught_up, timeout=600, what=f"staging holding {identity}", interval=0.05)
+    return time.perf_counter() - started
 
 
 def _memory_pass(shard: Path, repeats: int = 3) -> float:
@@ -286,6 +305,9 @@ async def _run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             print(f"AdamW step {trainer.step}: loss {loss:.4f}", flush=True)
             delta = await trainer.publish_delta()
             results.append(await _measure(harness, replica, delta, stream=True))
+            results[-1]["staging_after_ready_s"] = round(
+                await _staging_caught_up(harness, replica, delta.identity), 3
+            )
             print(json.dumps(results[-1]), flush=True)
         last = results[-1]["identity"]
         print("measuring the limits ...", flush=True)
@@ -344,22 +366,26 @@ def _markdown(report: dict[str, Any], command: str) -> str:
         f"{link['latency_ms']} ms each way; staging is tmpfs (Memory emptyDir).",
         "",
         "| snapshot | via | target→Ready s | fetch s | verify s | rebuild s | swap s |"
-        " bytes fetched | ratio | limit s (link + memory + engine) | ÷ limit | engine pause s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        " bytes fetched | ratio | limit s (link + memory + engine) | ÷ limit | engine pause s |"
+        " staged after Ready s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for swap in report["swaps"]:
         seconds = swap["sidecar_seconds"]
         limit = swap["limit"]
         pause = swap.get("pause") or {}
         pause_s = pause.get("pause_s")
+        via = f"{swap['via']}, in engine" if swap.get("in_engine") else swap["via"]
+        staged_after = swap.get("staging_after_ready_s")
         lines.append(
-            f"| {swap['identity']} | {swap['via']} | {swap['target_to_ready_s']:.2f} |"
+            f"| {swap['identity']} | {via} | {swap['target_to_ready_s']:.2f} |"
             f" {seconds.get('fetch', 0):.2f} | {seconds.get('verify', 0):.2f} |"
             f" {seconds.get('rebuild', 0):.2f} | {seconds.get('swap', 0):.2f} |"
             f" {swap['fetched_bytes']:,} | {swap['changed_ratio']}x |"
             f" {limit['total_s']:.2f} ({limit['link_s']:.2f} + {limit['memory_pass_s']:.2f} +"
             f" {limit['engine_floor_s']:.2f}) | {limit['ratio']:.2f} |"
             f" {'n/a' if pause_s is None else f'{pause_s:.3f}'} |"
+            f" {'-' if staged_after is None else f'{staged_after:.2f}'} |"
         )
     full = report["swaps"][0]
     deltas = report["swaps"][1:]
@@ -371,7 +397,9 @@ def _markdown(report: dict[str, Any], command: str) -> str:
         "memory, median of 3) + the engine's own floor (its load of the already rebuilt "
         "directory from tmpfs, asked directly, median of 3), all measured in this run. "
         "Engine pause = the longest gap between two streamed tokens during the swap, less "
-        "the median gap.",
+        'the median gap. "in engine": the delta was patched into the engine\'s live '
+        'weights (no rebuild before Ready); "staged after Ready": how long after Ready '
+        "the served buffer held the snapshot (staging catching up, off the critical path).",
         "",
         "Rolling-restart baseline (measured): a fresh engine process started on the full "
         f"snapshot answered after {baseline['engine_cold_start_with_weights_s']:.2f} s, plus "
@@ -417,7 +445,11 @@ def _markdown(report: dict[str, Any], command: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", default="0.5b", help="reference model size (tiny, small, 0.5b)")
+    parser.add_argument(
+        "--size",
+        default="0.5b",
+        help="a reference model size (tiny, small, 0.5b) or a config.json file",
+    )
     parser.add_argument("--deltas", type=int, default=3)
     parser.add_argument("--lr", type=float, default=1e-5, help="the trainer's AdamW rate")
     parser.add_argument("--rate-mb-s", type=float, default=100.0, help="link rate, MB/s")
