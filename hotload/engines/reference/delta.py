@@ -18,8 +18,8 @@ is refused with :class:`LayoutChanged`: the sidecar then loads the rebuilt direc
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -36,16 +36,6 @@ _TORCH_WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 class LayoutChanged(DeltaNotApplicable):
     """The delta adds, removes, reshapes or retypes a tensor: load the rebuilt directory."""
-
-
-@dataclass(frozen=True)
-class Change:
-    """Elements ``start + positions`` (or the whole range) of one tensor were written."""
-
-    name: str
-    start: int
-    positions: np.ndarray | None
-    length: int
 
 
 def read_delta(path: Path, held_identity: str, kind: SnapshotKind) -> Manifest:
@@ -84,18 +74,30 @@ def check_layout(manifest: Manifest, storage: Mapping[str, torch.Tensor]) -> Non
 
 
 def patch_storage(
-    storage: Mapping[str, torch.Tensor], path: Path, manifest: Manifest, held_identity: str
-) -> list[Change]:
-    """Patch the held tensors (CPU) in place, all or nothing; what changed, for the copy."""
+    storage: Mapping[str, torch.Tensor],
+    path: Path,
+    manifest: Manifest,
+    held_identity: str,
+    *,
+    on_tensor: Callable[[str], None] | None = None,
+) -> list[str]:
+    """Patch the held tensors (CPU) in place, all or nothing; the names of those written.
+
+    ``on_tensor`` hears each written tensor's name once it is patched and checked (a
+    later failure still undoes it)."""
     views = {
         name: tensor.detach().reshape(-1).view(_TORCH_WORDS[tensor.element_size()]).numpy()
         for name, tensor in storage.items()
     }
     words = {name: view.view(_NUMPY_WORDS[view.itemsize]) for name, view in views.items()}
-    changes: list[Change] = []
+    written: list[str] = []
 
-    def heard(name: str, start: int, positions: np.ndarray | None, length: int) -> None:
-        changes.append(Change(name, start, positions, length))
+    def heard(name: str, _start: int, _positions: np.ndarray | None, _length: int) -> None:
+        if written and written[-1] == name:
+            return  # another range of the same tensor
+        written.append(name)
+        if on_tensor is not None:
+            on_tensor(name)
 
     try:
         patch_tensors(
@@ -110,7 +112,27 @@ def patch_storage(
         raise EngineRejected(
             f"the delta was refused ({err.reason}): {err}", reason=err.reason, path=str(path)
         ) from err
-    return changes
+    return written
+
+
+def patch_and_widen(
+    storage: Mapping[str, torch.Tensor],
+    path: Path,
+    manifest: Manifest,
+    held_identity: str,
+    dtype: torch.dtype,
+) -> dict[str, torch.Tensor]:
+    """Patch the held tensors, and widen each written one into a new tensor of ``dtype``
+    as soon as it is patched and checked — in a second thread, so that widening overlaps
+    the decoding of the next tensors. The new tensors, by name (all or nothing)."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="widen") as pool:
+        widened: dict[str, Future[torch.Tensor]] = {}
+
+        def widen(name: str) -> None:
+            widened[name] = pool.submit(storage[name].to, dtype)
+
+        patch_storage(storage, path, manifest, held_identity, on_tensor=widen)
+        return {name: future.result() for name, future in widened.items()}
 
 
 def changed_positions(held: torch.Tensor, new: torch.Tensor) -> torch.Tensor:

@@ -291,12 +291,13 @@ class ReferenceRuntime:
         shared = not self._own_copy
         fresh: dict[str, torch.Tensor] = {}
         if not shared:
-            changes = await asyncio.to_thread(
-                delta.patch_storage, storage, path, manifest, self.identity
-            )
-            touched = {change.name for change in changes}
             fresh = await asyncio.to_thread(
-                lambda: {name: storage[name].to(self.compute_dtype) for name in sorted(touched)}
+                delta.patch_and_widen,
+                storage,
+                path,
+                manifest,
+                self.identity,
+                self.compute_dtype,
             )
         read_done = time.perf_counter()
         if self.swap_delay_s:
