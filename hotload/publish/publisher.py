@@ -49,7 +49,7 @@ from hotload.publish.region_run import Landed, RegionRun, Upload, WaitSettings
 from hotload.publish.results import PublishResult, RegionOutcome, RegionResult
 from hotload.publish.state import LastSnapshot, PendingSnapshot, WorkDir
 from hotload.publish.weights import CapturedWeights, capture, materialize
-from hotload.snapshot import MANIFEST_NAME, encode
+from hotload.snapshot import FORMAT, MANIFEST_NAME, encode
 from hotload.snapshot.publish import (
     DEFAULT_UPLOAD_CONCURRENCY,
     UploadReport,
@@ -390,7 +390,8 @@ class Publisher:
             "kind": kind.value,
         }
         if previous is not None:
-            spec["incremental"] = {"previousIdentity": previous}
+            # the format the encoder just wrote, not the API's historical default (v1)
+            spec["incremental"] = {"previousIdentity": previous, "compressionFormat": FORMAT}
         if self.settings.kv_cache_policy is not None:
             spec["kvCachePolicy"] = self.settings.kv_cache_policy.value
         if self.settings.ignored_config_fields:

@@ -29,7 +29,7 @@ from hotload.api import SnapshotKind
 from hotload.local import LocalRegions
 from hotload.publish import Publisher, PublisherSettings, RegionOutcome
 from hotload.publish.region_client import DEPLOYMENT_LABEL
-from hotload.snapshot import MANIFEST_NAME
+from hotload.snapshot import FORMAT, MANIFEST_NAME
 from tests.fixtures.apiserver_outage import apiserver_down
 
 from ...unit.snapshot.models import base_tensors, next_step, write_model
@@ -159,6 +159,7 @@ def test_full_then_delta_reach_every_region_and_its_own_bucket(scene: Scene) -> 
         raw = snapshots(scene.clients[name], scene.namespace)["run-step-1"]
         assert raw["metadata"]["labels"][DEPLOYMENT_LABEL] == DEPLOYMENT
         assert raw["spec"]["incremental"]["previousIdentity"] == "run-step-0-full"
+        assert raw["spec"]["incremental"]["compressionFormat"] == FORMAT
 
 
 def test_a_region_that_is_down_gets_its_snapshots_in_order_when_back(scene: Scene) -> None:
