@@ -4,5 +4,4 @@ pytest_plugins = [
     "tests.fixtures.cluster",
     "tests.fixtures.chart",
     "tests.fixtures.minio",
-    "tests.fixtures.wan_regions",
 ]

@@ -19,7 +19,9 @@ Two designs, each at 3, 30 and 300 replicas per region:
 
 Per delta: bytes over every link (toxiproxy's counters), the snapshot's stored bytes, the
 ratio bytes/(stored x regions), publish -> every replica Ready per region, and the link's
-floor (stored bytes / rate + one-way latency) for comparison.
+floor (stored bytes / rate + one-way latency) for comparison. A replica count run for
+``regional`` only (``--designs regional`` for the largest) gets a ``naive`` row projected
+from the naive runs measured (a line in the replicas per region), marked as such.
 
     ~/.cache/hotload/venv/bin/python -m bench.transfer.run [--replicas 3,30,300] [--deltas 3]
 """
@@ -44,6 +46,7 @@ from hotload.local import down, object_storage, wan
 from hotload.local.bootstrap import api_client
 from hotload.local.fleets import FleetSpec, apply_fleet, regional_deployment
 from hotload.local.lifecycle import LocalRegions
+from hotload.local.reaper import start_reaper
 from hotload.local.region import RegionAddons, WanLink
 from hotload.local.trainer import PolicyTrainer
 from hotload.local.world import bring_up
@@ -213,6 +216,13 @@ def main() -> None:
     parser.add_argument("--wan-rate", type=int, default=2_000, help="KB/s each way")
     parser.add_argument("--wan-latency", type=int, default=25, help="ms one way")
     parser.add_argument("--designs", default="regional,naive")
+    parser.add_argument(
+        "--naive-up-to",
+        type=int,
+        default=None,
+        help="run the naive design only up to this many replicas per region (larger counts "
+        "get a projected naive row: hundreds of per-replica pulls take long on a small machine)",
+    )
     parser.add_argument("--out", type=Path, default=HERE)
     args = parser.parse_args()
     command = " ".join(["python -m bench.transfer.run", *sys.argv[1:]])
@@ -226,6 +236,8 @@ def main() -> None:
     )
     gpus = max(counts) // 2 + 8
     say(f"bringing up {len(REGIONS)} regions ({gpus} GPUs per node x 2) in {state}")
+    # Should this process be killed, the reaper takes the regions down after it.
+    reaper = start_reaper(state)
     regions = bring_up(REGIONS, addons=addons, state_dir=state, index_base=231, gpus_per_node=gpus)
     os.environ["AWS_SHARED_CREDENTIALS_FILE"] = str(regions.aws_credentials_file)
     os.environ["AWS_CONFIG_FILE"] = str(regions.aws_config_file)
@@ -236,6 +248,9 @@ def main() -> None:
         runs: list[dict[str, Any]] = []
         for replicas in counts:
             for design in args.designs.split(","):
+                too_many = args.naive_up_to is not None and replicas > args.naive_up_to
+                if design == "naive" and too_many:
+                    continue
                 runs.append(
                     run_design(
                         regions,
@@ -254,11 +269,67 @@ def main() -> None:
                 _write(args, command, params, runs)
     finally:
         down(state)
+        reaper.terminate()
 
 
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[len(ordered) // 2] if ordered else float("nan")
+
+
+def _fit(points: dict[int, float]) -> tuple[float, float]:
+    """Intercept and slope of the line through the smallest and the largest count."""
+    (x0, y0), (x1, y1) = sorted(points.items())[0], sorted(points.items())[-1]
+    slope = (y1 - y0) / (x1 - x0)
+    return y0 - slope * x0, slope
+
+
+def projected_naive(
+    runs: list[dict[str, Any]], rate_kb_s: int, latency_ms: int
+) -> list[dict[str, Any]]:
+    """Naive rows for the replica counts measured for ``regional`` only (too slow to run).
+
+    The naive design's WAN bytes grow by one copy of the delta per replica, so per snapshot
+    they are fitted, in units of the delta's stored size, as a line in the replicas per
+    region through the naive runs measured (at least two counts), and scaled by the delta
+    ``regional`` stored at the projected count. Never a measurement: marked as projected.
+    """
+    measured = {r["replicas_per_region"]: r for r in runs if r["design"] == "naive" and r["deltas"]}
+    wanted = sorted(
+        {r["replicas_per_region"] for r in runs if r["design"] == "regional"} - set(measured)
+    )
+    if len(measured) < 2 or not wanted:
+        return []
+
+    def per_delta(key: str) -> dict[int, float]:
+        return {
+            count: _median([d[key] / d["stored_bytes"] for d in run["deltas"]])
+            for count, run in measured.items()
+        }
+
+    total, busiest = _fit(per_delta("wan_bytes")), _fit(per_delta("busiest_link_bytes"))
+    rows = []
+    for count in wanted:
+        regional = next(
+            r for r in runs if r["design"] == "regional" and r["replicas_per_region"] == count
+        )
+        stored = _median([d["stored_bytes"] for d in regional["deltas"]])
+        crossed = stored * (total[0] + total[1] * count)
+        busy = stored * (busiest[0] + busiest[1] * count)
+        rows.append(
+            {
+                "design": "naive",
+                "replicas_per_region": count,
+                "projected_from": sorted(measured),
+                "stored_bytes": round(stored),
+                "wan_bytes": round(crossed),
+                "busiest_link_bytes": round(busy),
+                "floor_seconds": round(busy / (rate_kb_s * 1000) + latency_ms / 1000, 3)
+                if rate_kb_s
+                else None,
+            }
+        )
+    return rows
 
 
 def _write(args: argparse.Namespace, command: str, params: int, runs: list[dict[str, Any]]) -> None:
@@ -270,8 +341,11 @@ def _write(args: argparse.Namespace, command: str, params: int, runs: list[dict[
         "model": f"reference engine, size {args.size}, {params:,} parameters, AdamW lr {args.lr}",
         "wan": f"{args.wan_rate} KB/s each way, {args.wan_latency} ms one way, per region link",
     }
+    projected = projected_naive(runs, args.wan_rate, args.wan_latency)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps({**meta, "runs": runs}, indent=2) + "\n")
+    (args.out / "results.json").write_text(
+        json.dumps({**meta, "runs": runs, "projected": projected}, indent=2) + "\n"
+    )
     lines = [
         "# Transfer benchmark: bytes over the WAN per snapshot, three regions",
         "",
@@ -299,6 +373,22 @@ def _write(args: argparse.Namespace, command: str, params: int, runs: list[dict[
             f"| {run['design']} | {run['replicas_per_region']} | {stored:,.0f} | {crossed:,.0f} "
             f"| {crossed / (stored * 3):.2f} | {ready:.1f} | {floor:.3f} |"
         )
+    for row in projected:
+        lines.append(
+            f"| naive (projected) | {row['replicas_per_region']} | {row['stored_bytes']:,} "
+            f"| {row['wan_bytes']:,} | {row['wan_bytes'] / (row['stored_bytes'] * 3):.2f} "
+            f"| not run | {row['floor_seconds'] or 0:.3f} |"
+        )
+    if projected:
+        counts = " and ".join(str(c) for c in projected[0]["projected_from"])
+        lines += [
+            "",
+            f"`naive (projected)`: not measured. Its bytes per snapshot are the line through the "
+            f"naive runs at {counts} replicas per region (in units of the delta's stored size: "
+            "one copy per replica, plus the upload and requests), times the delta `regional` "
+            "stored at that count; the link floor follows from the busiest link's bytes the "
+            "same way.",
+        ]
     lines += [
         "",
         "WAN bytes count both directions of every region's link (toxiproxy's counters, HTTP "

@@ -180,11 +180,13 @@ def _served_steps(objects: RegionObjects) -> dict[tuple[str, str], list[int]]:
 
 
 def sort_deployments(rows: Iterable[DeploymentRow]) -> list[DeploymentRow]:
-    """Degraded first, then lagging, then the rest; then by place and name."""
+    """Degraded first, then the most steps behind the newest snapshot (a region that missed
+    publishes looks settled on its own old target: only the lag shows it), then rolling
+    out, then the rest; then by place and name."""
     return sorted(
         rows,
-        key=lambda r: (r.degraded != "True", not r.needs_attention, r.region, r.namespace,
-                       r.deployment),
+        key=lambda r: (r.degraded != "True", -(r.lag or 0), not r.needs_attention, r.region,
+                       r.namespace, r.deployment),
     )  # fmt: skip
 
 
@@ -246,14 +248,22 @@ def replica_rows(
     return sort_replicas(rows)
 
 
+def _steps_behind(row: ReplicaRow) -> int:
+    """Steps behind the newest snapshot (the freshness lag; the region's target when the
+    newest is unknown); a replica not Ready whose step is unknown counts as furthest."""
+    steps = row.lag if row.lag is not None else row.behind
+    if steps is None:
+        return 0 if row.state == "Ready" else 1 << 30
+    return steps
+
+
 def sort_replicas(rows: Iterable[ReplicaRow]) -> list[ReplicaRow]:
-    """Failed first, then the most steps behind, then the rest; then by place and name."""
+    """Failed first, then the most steps behind the newest snapshot (in any region), then
+    not Ready before Ready; then by place and name."""
     return sorted(
         rows,
         key=lambda r: (
-            STATE_RANK.get(r.state, 2),
-            -(r.behind if r.behind is not None else 1 << 30) if r.state != "Ready" or r.behind
-            else 0,
+            r.state != "Failed", -_steps_behind(r), STATE_RANK.get(r.state, 2),
             r.region, r.namespace, r.deployment, r.pod,
         ),
     )  # fmt: skip

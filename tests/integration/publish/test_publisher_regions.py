@@ -12,9 +12,6 @@ chain a region broke, a publish that reports success for a region it never reach
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -31,13 +28,13 @@ from hotload.publish import Publisher, PublisherSettings, RegionOutcome
 from hotload.publish.region_client import DEPLOYMENT_LABEL
 from hotload.snapshot import FORMAT, MANIFEST_NAME
 from tests.fixtures.apiserver_outage import apiserver_down
+from tests.fixtures.hotload_cli import hotload
 
 from ...unit.snapshot.models import base_tensors, next_step, write_model
 
 pytestmark = pytest.mark.cluster
 
 DEPLOYMENT = "pub"
-HOTLOAD = str(Path(sys.executable).parent / "hotload")
 
 
 def deployment(bucket: Path) -> dict[str, Any]:
@@ -267,17 +264,6 @@ def test_wait_reports_ready_and_a_broken_chain_brings_a_full_at_once(scene: Scen
     assert delta.ok
 
 
-def _hotload(*args: str, kubeconfig: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [HOTLOAD, "--log-level", "warning", *args, "--kubeconfig", str(kubeconfig)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**os.environ, "NO_COLOR": "1"},
-    )
-
-
 def test_the_cli_publishes_directories_that_chain_and_gc_keeps_what_regions_need(
     scene: Scene,
 ) -> None:
@@ -286,7 +272,7 @@ def test_the_cli_publishes_directories_that_chain_and_gc_keeps_what_regions_need
     workdir = ["--workdir", str(scene.workdir)]
     answers = []
     for step in (0, 1):
-        done = _hotload(
+        done = hotload(
             "publish", str(scene.weights[step]), "--step", str(step), *common, *workdir,
             "-o", "json", kubeconfig=scene.regions.kubeconfig,
         )  # fmt: skip
@@ -303,14 +289,14 @@ def test_the_cli_publishes_directories_that_chain_and_gc_keeps_what_regions_need
     assert delta["storedBytes"] < full["storedBytes"]
 
     # A step older than the last is refused: a usage error, named, nothing published.
-    stale = _hotload(
+    stale = hotload(
         "publish", str(scene.weights[2]), "--step", "0", *common, *workdir,
         kubeconfig=scene.regions.kubeconfig,
     )  # fmt: skip
     assert stale.returncode != 0 and "forward" in stale.stderr
 
     # Both snapshots are retained in every region: gc keeps them all.
-    gc = _hotload(
+    gc = hotload(
         "gc", *common, "--min-age", "0", "--dry-run", "-o", "json",
         kubeconfig=scene.regions.kubeconfig,
     )  # fmt: skip

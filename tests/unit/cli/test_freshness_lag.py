@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from hotload.cli.fleet_view import RegionObjects, deployment_rows, newest_steps, replica_rows
+from hotload.cli.fleet_view import (
+    RegionObjects,
+    deployment_rows,
+    newest_steps,
+    replica_rows,
+    sort_deployments,
+    sort_replicas,
+)
 from tests.unit.operator.test_fleet_view import psnap, rd, replica
 
 
@@ -64,3 +71,26 @@ def test_without_other_regions_the_lag_is_unknown_not_zero() -> None:
     (row,) = deployment_rows(east)
     assert row.lag is None
     assert all(r.lag is None for r in replica_rows(east))
+
+
+def test_a_region_that_missed_snapshots_comes_first_though_settled_on_its_target() -> None:
+    """Would catch: laggards sorted by their region's own target only (west looks done)."""
+    east = RegionObjects(
+        "east",
+        [rd("a", target_step=5)],
+        [psnap("s3", 3), psnap("s5", 5)],
+        [replica("a-0", "s5", "Ready"), replica("a-1", "s5", "Ready")],
+    )
+    _, west = regions()
+    newest = newest_steps([east, west])
+    rows = sort_deployments(row for r in (east, west) for row in deployment_rows(r, newest))
+    assert [(r.region, r.lag) for r in rows] == [("west", 2), ("east", 0)]
+    replicas = sort_replicas(row for r in (east, west) for row in replica_rows(r, newest=newest))
+    # The replica at lag 2 (Ready on west's old target) before those at lag 0; the west
+    # replica serving nothing (step unknown, not Ready) first of all.
+    assert [(r.region, r.pod, r.lag) for r in replicas] == [
+        ("west", "a-1", None),
+        ("west", "a-0", 2),
+        ("east", "a-0", 0),
+        ("east", "a-1", 0),
+    ]
