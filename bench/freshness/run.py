@@ -21,6 +21,7 @@ publishing a Full at every step (what a system without deltas ships).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import platform
 import re
@@ -295,6 +296,7 @@ def main() -> None:
         files = trainer.model_files(state / "model")
         params = sum(p.numel() for p in trainer.model.parameters())
         results: dict[str, Any] = {}
+        raw: dict[str, list[Sample]] = {}
         for run, full_every, steps in (
             ("deltas", 25, args.steps),
             ("full-every-step", 1, args.baseline_steps or args.steps),
@@ -303,24 +305,56 @@ def main() -> None:
                 regions, spec, trainer, files, state / f"publisher-{run}",
                 run=run, steps=steps, interval=args.interval, full_every=full_every, say=say,
             )  # fmt: skip
-            results[run] = {
-                "overall": _summary(samples, len(failures)),
-                "by_region": {
-                    name: _summary([s for s in samples if s.region == name], failures.count(name))
-                    for name in regions.names
-                },
-                "published": published,
-                "samples": [asdict(s) | {"lag": s.lag} for s in samples],
-            }
+            results[run] = summarize_run(samples, failures, published, regions.names)
+            raw[run] = samples
             say(f"[{run}] lag in steps: {results[run]['overall']}")
-        _write(args, command, params, results)
+        _write(args, command, params, results, raw)
     finally:
         if reaper is not None:
             down(state)
             reaper.terminate()
 
 
-def _write(args: argparse.Namespace, command: str, params: int, results: dict[str, Any]) -> None:
+def summarize_run(
+    samples: list[Sample], failures: list[str], published: list[dict[str, Any]], names: list[str]
+) -> dict[str, Any]:
+    """What results.json keeps of one run: percentiles, a histogram of the lags and, per
+    region, the seconds from each step's publish to its first completion (the raw samples
+    go, compressed, to results-samples.json.gz)."""
+    as_dicts = [asdict(s) for s in samples]
+    histogram: dict[str, int] = {}
+    for sample in samples:
+        histogram[str(sample.lag)] = histogram.get(str(sample.lag), 0) + 1
+    return {
+        "overall": _summary(samples, len(failures)),
+        "by_region": {
+            name: _summary([s for s in samples if s.region == name], failures.count(name))
+            for name in names
+        },
+        "lag_histogram": dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))),
+        "serve_seconds": {name: serve_seconds(as_dicts, name) for name in names},
+        "published": published,
+    }
+
+
+def _write_samples(path: Path, raw: dict[str, list[Sample]]) -> None:
+    """Every sample, compact (one row each: region, sent, newest step, served step)."""
+    rows = {
+        run: [[s.region, s.sent, s.newest_step, s.served_step] for s in samples]
+        for run, samples in raw.items()
+    }
+    columns = ["region", "sent_s", "newest_step", "served_step"]
+    payload = json.dumps({"columns": columns, "runs": rows}, separators=(",", ":"))
+    path.write_bytes(gzip.compress(payload.encode(), mtime=0))
+
+
+def _write(
+    args: argparse.Namespace,
+    command: str,
+    params: int,
+    results: dict[str, Any],
+    raw: dict[str, list[Sample]],
+) -> None:
     meta = {
         "command": command,
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -333,6 +367,7 @@ def _write(args: argparse.Namespace, command: str, params: int, results: dict[st
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({**meta, "runs": results}, indent=2) + "\n")
+    _write_samples(args.out / "results-samples.json.gz", raw)
     report(meta, results, args.out)
 
 
@@ -396,6 +431,15 @@ def report(meta: dict[str, Any], results: dict[str, Any], out: Path) -> None:
     lines += ["", "Goal p99 <= 1 (overall and in every region): " + "; ".join(verdicts) + "."]
     lines += [
         "",
+        "Completions by lag (steps: count): "
+        + "; ".join(
+            f"`{run}` " + ", ".join(f"{lag}: {n}" for lag, n in data["lag_histogram"].items())
+            for run, data in results.items()
+        )
+        + ".",
+    ]
+    lines += [
+        "",
         "Why: publish -> the first completion a region serves from the new step, seconds "
         "(median / max over the steps; from the samples, so within one request's round):",
         "",
@@ -405,7 +449,7 @@ def report(meta: dict[str, Any], results: dict[str, Any], out: Path) -> None:
     for run, data in results.items():
         cells = []
         for region in data["by_region"]:
-            seconds = sorted(serve_seconds(data["samples"], region))
+            seconds = sorted(data["serve_seconds"][region])
             cells.append(
                 f"{seconds[len(seconds) // 2]:.2f} / {seconds[-1]:.2f}" if seconds else "-"
             )
@@ -446,7 +490,8 @@ def report(meta: dict[str, Any], results: dict[str, Any], out: Path) -> None:
         "step, as a system without deltas would.",
         "",
         "The machine is shared (2 cores, other work running): read the numbers as an order of "
-        "magnitude.",
+        "magnitude. Every sample (region, sent, newest step, served step) is in "
+        "`results-samples.json.gz`.",
     ]
     (out / "results.md").write_text("\n".join(lines) + "\n")
 
