@@ -456,6 +456,9 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=int, default=2, help="link latency, each way")
     parser.add_argument("--out", type=Path, default=HERE)
     args = parser.parse_args()
+    if Path(args.size).is_file():
+        # The engine runs in the pod's own working directory: hand it an absolute path.
+        args.size = str(Path(args.size).resolve())
     workdir = Path(tempfile.mkdtemp(prefix="hotload-swap-bench-"))
     load_before = os.getloadavg()[0]
     try:
