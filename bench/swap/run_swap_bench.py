@@ -289,6 +289,7 @@ async def _run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             f"{DEPLOYMENT}-0",
             DEPLOYMENT,
             engine_args=("--model-config", args.size),
+            sidecar_args=("--download-concurrency", str(args.streams)),
             serving_timeout=1800,
             credentials={
                 "AWS_ACCESS_KEY_ID": creds.access_key_id,
@@ -333,7 +334,11 @@ async def _run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         return {
             "size": args.size,
             "lr": args.lr,
-            "link": {"rate_mb_s": args.rate_mb_s, "latency_ms": args.latency_ms},
+            "link": {
+                "rate_mb_s": args.rate_mb_s,
+                "latency_ms": args.latency_ms,
+                "streams": args.streams,
+            },
             "model_bytes": shard.stat().st_size,
             "swaps": results,
             "limits": {"memory_pass_s": memory_pass, "engine_floor_s": floor},
@@ -362,8 +367,10 @@ def _markdown(report: dict[str, Any], command: str) -> str:
         f"{report['load'][0]:.1f} / {report['load'][1]:.1f} (a shared 2-core machine)  ",
         f"Model: reference engine, `{report['size']}` shape, {report['model_bytes']:,} bytes of "
         f"bf16 weights; deltas from real AdamW steps (lr {report['lr']}) of the trainer.  ",
-        f"Link: the sidecar reads MinIO through toxiproxy at {link['rate_mb_s']} MB/s, "
-        f"{link['latency_ms']} ms each way; staging is tmpfs (Memory emptyDir).",
+        f"Link: the sidecar reads MinIO through toxiproxy at {link['rate_mb_s']} MB/s per "
+        f"connection, {link['latency_ms']} ms each way, with {link.get('streams', 8)} "
+        "ranged read(s) per file (`--download-concurrency`); staging is tmpfs (Memory "
+        "emptyDir).",
         "",
         "| snapshot | via | target→Ready s | fetch s | verify s | rebuild s | swap s |"
         " bytes fetched | ratio | limit s (link + memory + engine) | ÷ limit | engine pause s |"
@@ -454,6 +461,13 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-5, help="the trainer's AdamW rate")
     parser.add_argument("--rate-mb-s", type=float, default=100.0, help="link rate, MB/s")
     parser.add_argument("--latency-ms", type=int, default=2, help="link latency, each way")
+    parser.add_argument(
+        "--streams",
+        type=int,
+        default=1,
+        help="the sidecar's parallel ranged reads per file: toxiproxy limits each connection "
+        "to the link's rate, so with one stream that rate is the aggregate the limit assumes",
+    )
     parser.add_argument("--out", type=Path, default=HERE)
     args = parser.parse_args()
     if Path(args.size).is_file():
