@@ -213,13 +213,20 @@ class SidecarAgent(EngineWatch, LoadJobs):
             self.config.api_retry,
             self._on_deployment,
         )
-        client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
+        # The front's client to the engine, only where there is a front: an httpx client
+        # builds an SSL context (milliseconds of CPU, some memory), which a thousand
+        # agents in one shared host would each pay for nothing.
+        client = (
+            httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
+            if self.config.serve_http
+            else None
+        )
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(watcher.run(), name="deployment-watch")
                 group.create_task(self.writer.run(), name="pod-writer")
                 group.create_task(self._reconcile(), name="reconcile")
-                if self.config.serve_http:
+                if client is not None:
                     group.create_task(
                         serve_front(self, client, self.config, self.ready), name="http"
                     )
@@ -227,7 +234,8 @@ class SidecarAgent(EngineWatch, LoadJobs):
                     self.ready.set()
         finally:
             await self._stop_job()
-            await client.aclose()
+            if client is not None:
+                await client.aclose()
             await self._close()
 
     async def _close(self) -> None:
