@@ -224,7 +224,23 @@ def main() -> None:
         "get a projected naive row: hundreds of per-replica pulls take long on a small machine)",
     )
     parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--note", default="", help="a line for results.md (e.g. what did not run)")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite the results from --out's results.json (with --replicas and --note)",
+    )
     args = parser.parse_args()
+    if args.report_only:
+        saved = json.loads((args.out / "results.json").read_text())
+        saved.pop("projected", None)
+        runs = saved.pop("runs")
+        saved.setdefault("wan_rate_kb_s", args.wan_rate)
+        saved.setdefault("wan_latency_ms", args.wan_latency)
+        saved["replicas_requested"] = [int(n) for n in args.replicas.split(",")]
+        saved["note"] = args.note or saved.get("note", "")
+        report(saved, runs, args.out)
+        return
     command = " ".join(["python -m bench.transfer.run", *sys.argv[1:]])
     counts = [int(n) for n in args.replicas.split(",")]
     say = print
@@ -284,51 +300,63 @@ def _fit(points: dict[int, float]) -> tuple[float, float]:
     return y0 - slope * x0, slope
 
 
-def projected_naive(
-    runs: list[dict[str, Any]], rate_kb_s: int, latency_ms: int
+def projected(
+    runs: list[dict[str, Any]], requested: list[int], rate_kb_s: int, latency_ms: int
 ) -> list[dict[str, Any]]:
-    """Naive rows for the replica counts measured for ``regional`` only (too slow to run).
+    """Rows for the replica counts asked for but not measured, per design. Never a
+    measurement: marked as projected, with the counts they come from.
 
-    The naive design's WAN bytes grow by one copy of the delta per replica, so per snapshot
-    they are fitted, in units of the delta's stored size, as a line in the replicas per
-    region through the naive runs measured (at least two counts), and scaled by the delta
-    ``regional`` stored at the projected count. Never a measurement: marked as projected.
+    Per snapshot, a design's WAN bytes (and its busiest link's) are modelled in units of the
+    delta's stored size from the runs measured (at least two counts): ``naive`` grows by one
+    copy of the delta per replica (the line through the smallest and the largest count),
+    ``regional`` has no per-replica term (the median of the measured ratios, flat). That is
+    scaled by the delta stored at that count (``regional``'s when it ran there, else the
+    median of every run's).
     """
-    measured = {r["replicas_per_region"]: r for r in runs if r["design"] == "naive" and r["deltas"]}
-    wanted = sorted(
-        {r["replicas_per_region"] for r in runs if r["design"] == "regional"} - set(measured)
-    )
-    if len(measured) < 2 or not wanted:
-        return []
-
-    def per_delta(key: str) -> dict[int, float]:
-        return {
-            count: _median([d[key] / d["stored_bytes"] for d in run["deltas"]])
-            for count, run in measured.items()
-        }
-
-    total, busiest = _fit(per_delta("wan_bytes")), _fit(per_delta("busiest_link_bytes"))
+    everything = [d["stored_bytes"] for r in runs for d in r["deltas"]]
+    regional_counts = {r["replicas_per_region"] for r in runs if r["design"] == "regional"}
     rows = []
-    for count in wanted:
-        regional = next(
-            r for r in runs if r["design"] == "regional" and r["replicas_per_region"] == count
-        )
-        stored = _median([d["stored_bytes"] for d in regional["deltas"]])
-        crossed = stored * (total[0] + total[1] * count)
-        busy = stored * (busiest[0] + busiest[1] * count)
-        rows.append(
-            {
-                "design": "naive",
-                "replicas_per_region": count,
-                "projected_from": sorted(measured),
-                "stored_bytes": round(stored),
-                "wan_bytes": round(crossed),
-                "busiest_link_bytes": round(busy),
-                "floor_seconds": round(busy / (rate_kb_s * 1000) + latency_ms / 1000, 3)
-                if rate_kb_s
-                else None,
+    for design in ("regional", "naive"):
+        measured = {
+            r["replicas_per_region"]: r for r in runs if r["design"] == design and r["deltas"]
+        }
+        wanted = sorted((set(requested) | regional_counts) - set(measured))
+        if len(measured) < 2 or not wanted:
+            continue
+
+        def per_delta(key: str, measured: dict[int, Any] = measured) -> dict[int, float]:
+            return {
+                count: _median([d[key] / d["stored_bytes"] for d in run["deltas"]])
+                for count, run in measured.items()
             }
-        )
+
+        if design == "naive":
+            total, busiest = _fit(per_delta("wan_bytes")), _fit(per_delta("busiest_link_bytes"))
+        else:  # no per-replica term: the runs' median ratio, flat
+            total = (_median(list(per_delta("wan_bytes").values())), 0.0)
+            busiest = (_median(list(per_delta("busiest_link_bytes").values())), 0.0)
+        for count in wanted:
+            there = [
+                d["stored_bytes"]
+                for r in runs
+                if r["design"] == "regional" and r["replicas_per_region"] == count
+                for d in r["deltas"]
+            ]
+            stored = _median(there or everything)
+            busy = stored * (busiest[0] + busiest[1] * count)
+            rows.append(
+                {
+                    "design": design,
+                    "replicas_per_region": count,
+                    "projected_from": sorted(measured),
+                    "stored_bytes": round(stored),
+                    "wan_bytes": round(stored * (total[0] + total[1] * count)),
+                    "busiest_link_bytes": round(busy),
+                    "floor_seconds": round(busy / (rate_kb_s * 1000) + latency_ms / 1000, 3)
+                    if rate_kb_s
+                    else None,
+                }
+            )
     return rows
 
 
@@ -340,11 +368,23 @@ def _write(args: argparse.Namespace, command: str, params: int, runs: list[dict[
         f"Python {platform.python_version()}",
         "model": f"reference engine, size {args.size}, {params:,} parameters, AdamW lr {args.lr}",
         "wan": f"{args.wan_rate} KB/s each way, {args.wan_latency} ms one way, per region link",
+        "wan_rate_kb_s": args.wan_rate,
+        "wan_latency_ms": args.wan_latency,
+        "replicas_requested": [int(n) for n in args.replicas.split(",")],
+        "note": args.note,
     }
-    projected = projected_naive(runs, args.wan_rate, args.wan_latency)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(
-        json.dumps({**meta, "runs": runs, "projected": projected}, indent=2) + "\n"
+    report(meta, runs, args.out)
+
+
+def report(meta: dict[str, Any], runs: list[dict[str, Any]], out: Path) -> None:
+    """results.json (with the projected rows) and results.md (``--report-only`` rereads)."""
+    command = meta["command"]
+    rows_projected = projected(
+        runs, meta["replicas_requested"], meta["wan_rate_kb_s"], meta["wan_latency_ms"]
+    )
+    (out / "results.json").write_text(
+        json.dumps({**meta, "runs": runs, "projected": rows_projected}, indent=2) + "\n"
     )
     lines = [
         "# Transfer benchmark: bytes over the WAN per snapshot, three regions",
@@ -373,22 +413,31 @@ def _write(args: argparse.Namespace, command: str, params: int, runs: list[dict[
             f"| {run['design']} | {run['replicas_per_region']} | {stored:,.0f} | {crossed:,.0f} "
             f"| {crossed / (stored * 3):.2f} | {ready:.1f} | {floor:.3f} |"
         )
-    for row in projected:
+    for row in rows_projected:
         lines.append(
-            f"| naive (projected) | {row['replicas_per_region']} | {row['stored_bytes']:,} "
-            f"| {row['wan_bytes']:,} | {row['wan_bytes'] / (row['stored_bytes'] * 3):.2f} "
+            f"| {row['design']} (projected) | {row['replicas_per_region']} "
+            f"| {row['stored_bytes']:,} | {row['wan_bytes']:,} "
+            f"| {row['wan_bytes'] / (row['stored_bytes'] * 3):.2f} "
             f"| not run | {row['floor_seconds'] or 0:.3f} |"
         )
-    if projected:
-        counts = " and ".join(str(c) for c in projected[0]["projected_from"])
+    if rows_projected:
         lines += [
             "",
-            f"`naive (projected)`: not measured. Its bytes per snapshot are the line through the "
-            f"naive runs at {counts} replicas per region (in units of the delta's stored size: "
-            "one copy per replica, plus the upload and requests), times the delta `regional` "
-            "stored at that count; the link floor follows from the busiest link's bytes the "
-            "same way.",
+            "`(projected)` rows are not measurements. Per snapshot, a design's WAN bytes come "
+            "from its measured runs ("
+            + "; ".join(
+                f"{design} at {' and '.join(str(c) for c in fitted)} replicas per region"
+                for design, fitted in sorted(
+                    {r["design"]: r["projected_from"] for r in rows_projected}.items()
+                )
+            )
+            + "), in units of the delta's stored size: naive, the line through them (one copy "
+            "per replica, plus the upload and requests); regional, their median ratio, flat "
+            "(one copy per region whatever the replicas). Times the median delta stored; the "
+            "link floor follows from the busiest link's bytes the same way.",
         ]
+    if meta.get("note"):
+        lines += ["", str(meta["note"])]
     lines += [
         "",
         "WAN bytes count both directions of every region's link (toxiproxy's counters, HTTP "
@@ -400,7 +449,7 @@ def _write(args: argparse.Namespace, command: str, params: int, runs: list[dict[
         "The machine is shared (2 cores, other work running): read times as an order of "
         "magnitude; byte counts are exact.",
     ]
-    (args.out / "results.md").write_text("\n".join(lines) + "\n")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
