@@ -18,7 +18,6 @@ is refused with :class:`LayoutChanged`: the sidecar then loads the rebuilt direc
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -116,19 +115,6 @@ def patch_storage(
     return written
 
 
-def widen(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A new tensor of ``tensor`` in the wider float ``dtype``, exactly, computed in the
-    calling thread alone: bf16 → float32 places each bf16 word as the high half of a
-    float32 word (little-endian), so a swap being prepared never takes torch's thread
-    pool from the forward passes that produce tokens meanwhile."""
-    if tensor.dtype == torch.bfloat16 and dtype == torch.float32 and sys.byteorder == "little":
-        words = tensor.detach().contiguous().reshape(-1).view(torch.int16).numpy()
-        halves = np.zeros(words.size * 2, dtype=np.int16)
-        halves[1::2] = words
-        return torch.from_numpy(halves).view(torch.float32).view(tensor.shape)
-    return tensor.to(dtype)
-
-
 def patch_and_widen(
     storage: Mapping[str, torch.Tensor],
     path: Path,
@@ -142,10 +128,10 @@ def patch_and_widen(
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="widen") as pool:
         widened: dict[str, Future[torch.Tensor]] = {}
 
-        def submit(name: str) -> None:
-            widened[name] = pool.submit(widen, storage[name], dtype)
+        def widen(name: str) -> None:
+            widened[name] = pool.submit(storage[name].to, dtype)
 
-        patch_storage(storage, path, manifest, held_identity, on_tensor=submit)
+        patch_storage(storage, path, manifest, held_identity, on_tensor=widen)
         return {name: future.result() for name, future in widened.items()}
 
 

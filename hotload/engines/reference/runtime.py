@@ -212,8 +212,7 @@ class ReferenceRuntime:
         if self._own_copy:
             # Everything the swap needs is built here, beside serving: the widening to the
             # compute dtype is exact, so the new parameters equal the snapshot's bits.
-            wide = self.compute_dtype
-            fresh = {name: delta.widen(tensor, wide) for name, tensor in tensors.items()}
+            fresh = {name: tensor.to(self.compute_dtype) for name, tensor in tensors.items()}
             held = {name: tensor.detach().clone() for name, tensor in tensors.items()}
             return _Prepared(kind, tensors=tensors, aliases=aliases, fresh=fresh, held=held)
         storage = self._storage
