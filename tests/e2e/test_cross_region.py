@@ -6,16 +6,23 @@ until every region is Ready; every byte of a snapshot crosses each region's link
 region's apiserver stops for a while (the other two go on, it catches up when back); one
 delta is stored damaged (every region breaks the chain there and the publisher answers
 with a Full of the same step at once); every completion names the policy that served it;
-and each region's Prometheus ends with a freshness lag of 0 steps. Would catch any break
-between trainer, buckets, replication, operator, sidecars, engines and metrics across
-regions.
+and each region's Prometheus ends with a freshness lag of 0 steps. The user's views run as
+a user runs them, over every context at once: ``hotload status`` / ``hotload ledger`` name
+the region that is down and still show the others, then show the region that missed two
+publishes 2 steps behind (first, though it sits on its own target); ``hotload publish
+--wait`` says per region that the snapshot is Ready (``-o json`` and the printed table).
+Would catch any break between trainer, buckets, replication, operator, sidecars, engines,
+metrics and the command line across regions.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
+import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client as k8s
@@ -30,12 +37,21 @@ from hotload.publish import Publisher, PublisherSettings, RegionOutcome, identit
 from hotload.publish.region_client import RegionClient
 from hotload.waiting import wait_until
 from tests.fixtures.apiserver_outage import apiserver_down
+from tests.fixtures.hotload_cli import hotload
 
 pytestmark = pytest.mark.cluster
 
 FLEET = "policy"
 #: HTTP requests, SigV4 headers and replication's own requests on top of the files.
 WAN_OVERHEAD_PER_REGION = 48 * 1024
+
+
+def view(
+    kubeconfig: Path, what: str, namespace: str, contexts: list[str]
+) -> tuple[subprocess.CompletedProcess[str], Any]:
+    """``hotload status|ledger -o json`` over every context; exits 1 when one is unreadable."""
+    done = hotload(what, "-n", namespace, *contexts, "-o", "json", kubeconfig=kubeconfig)
+    return done, json.loads(done.stdout)
 
 
 def test_one_trainer_three_regions_outage_corruption_and_bytes_over_the_wan(
@@ -50,6 +66,8 @@ def test_one_trainer_three_regions_outage_corruption_and_bytes_over_the_wan(
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(wan_regions.aws_credentials_file))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(wan_regions.aws_config_file))
     spec = FleetSpec(name=FLEET, namespace=wan_namespace, replicas=1)
+    config = wan_regions.kubeconfig
+    contexts = [part for region in regions for part in ("--context", region.context)]
     for region in regions:
         apply_fleet(region, spec)
 
@@ -110,6 +128,29 @@ def test_one_trainer_three_regions_outage_corruption_and_bytes_over_the_wan(
                     assert result.regions[name].outcome is RegionOutcome.READY, result
             assert time.monotonic() - began < 300
             assert publisher.pending() == {down.name: [f"{prefix}-step-2", f"{prefix}-step-3"]}
+            # One view over every region: the one down is named (exit 1), the others shown.
+            done, rows = view(config, "status", wan_namespace, contexts)
+            assert done.returncode == 1 and f"region {down.name}:" in done.stderr, done.stderr
+            assert {(r["region"], r["targetStep"], r["lag"]) for r in rows} == {
+                (name, 3, 0) for name in names[:2]
+            }, rows
+
+        # Back, before the publisher's catch-up: it sits Ready on its own target (step 1),
+        # so only the lag against the newest step in any region (3) shows it behind.
+        done, rows = view(config, "status", wan_namespace, contexts)
+        assert done.returncode == 0, done.stderr
+        lagging = rows[0]
+        assert (lagging["region"], lagging["targetStep"], lagging["lag"]) == (down.name, 1, 2)
+        assert {(r["region"], r["lag"]) for r in rows[1:]} == {(name, 0) for name in names[:2]}
+        done, replicas = view(config, "ledger", wan_namespace, contexts)
+        assert done.returncode == 0, done.stderr
+        first = replicas[0]
+        assert (first["region"], first["snapshot"], first["lag"]) == (down.name, delta.identity, 2)
+        assert {(r["region"], r["lag"]) for r in replicas[1:]} == {(n, 0) for n in names[:2]}
+        table = hotload("ledger", "-n", wan_namespace, *contexts, kubeconfig=config).stdout
+        table = table.splitlines()
+        assert "LAG" in table[0].split() and table[1].startswith(down.name), table
+
         assert publisher.flush(timeout_s=120) == {}
         caught_up = RegionClient(down.name, wan_regions.kubeconfig, wan_namespace, FLEET)
         try:
@@ -149,3 +190,36 @@ def test_one_trainer_three_regions_outage_corruption_and_bytes_over_the_wan(
             )
 
         assert wait_until(settled, 90, interval_s=2), f"{region.name}: Prometheus never settled"
+
+    # The trainer's publisher from a shell: a model directory per step, Ready awaited in
+    # every region, the answer per region as JSON, then as the printed table.
+    common = ["-d", FLEET, "-n", wan_namespace, "--prefix", f"cli-{secrets.token_hex(2)}",
+              "--home", regions[0].context, "--workdir", str(tmp_path / "cli"), "--wait",
+              "--timeout", "300", *contexts]  # fmt: skip
+    trainer.train_step()
+    done = hotload("publish", str(trainer.model_files(tmp_path / "m5")), "--step", "5",
+                   *common, "-o", "json", kubeconfig=config, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert (answer["kind"], answer["step"]) == ("Full", 5)
+    assert answer["regions"].keys() == set(names)
+    for name, region_answer in answer["regions"].items():
+        assert region_answer["outcome"] == "Ready", (name, region_answer)
+        assert region_answer["readyReplicas"] == region_answer["desiredReplicas"] == 1
+        assert region_answer["readySeconds"] > 0
+    trainer.train_step()
+    done = hotload("publish", str(trainer.model_files(tmp_path / "m6")), "--step", "6",
+                   *common, kubeconfig=config, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Incremental of step 6" in done.stdout, done.stdout
+    printed = {line.split()[0]: line.split()[1] for line in done.stdout.splitlines()[2:]}
+    assert printed == dict.fromkeys(names, "Ready"), done.stdout
+    for name in names:  # the progress, one line per region event
+        assert f"  {name}: Ready in " in done.stderr, done.stderr
+
+    # Every region on the newest step: a lag of 0 everywhere.
+    done, rows = view(config, "status", wan_namespace, contexts)
+    assert done.returncode == 0, done.stderr
+    assert {(r["region"], r["newestStep"], r["lag"]) for r in rows} == {
+        (name, 6, 0) for name in names
+    }, rows
