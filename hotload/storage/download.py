@@ -151,6 +151,22 @@ def _finish(fd: int, paths: _Paths, partial: Path | None) -> None:
         os.close(dir_fd)
 
 
+def _whole_range(
+    read_range: RangeReader, start: int, end: int, *, url: str, key: str
+) -> Callable[[], Awaitable[bytes]]:
+    """One read of ``[start, end)`` that a short answer fails as transient (so it is retried)."""
+
+    async def read() -> bytes:
+        data = await read_range(start, end)
+        if len(data) != end - start:
+            raise StorageUnavailable(
+                "short ranged read", url=url, key=key, start=start, end=end, got=len(data)
+            )
+        return data
+
+    return read
+
+
 async def ranged_download(
     *,
     key: str,
@@ -213,14 +229,7 @@ async def ranged_download(
         nonlocal fetched, completed
         start, end = plan.bounds(index)
 
-        async def read() -> bytes:
-            data = await read_range(start, end)
-            if len(data) != end - start:
-                raise StorageUnavailable(
-                    "short ranged read", url=url, key=key, start=start, end=end, got=len(data)
-                )
-            return data
-
+        read = _whole_range(read_range, start, end, url=url, key=key)
         data = await call_with_retry(read, retry, what=f"get_range {key}")
         await run_in_thread(_write_part, fd, start, data)
         async with state_lock:
@@ -305,13 +314,7 @@ async def _single_read(
     """
     start, end = plan.bounds(0)
 
-    async def read() -> bytes:
-        data = await read_range(start, end)
-        if len(data) != end - start:
-            raise StorageUnavailable(
-                "short ranged read", url=url, key=key, start=start, end=end, got=len(data)
-            )
-        return data
+    read = _whole_range(read_range, start, end, url=url, key=key)
 
     if progress is not None:
         progress(0, plan.size)
