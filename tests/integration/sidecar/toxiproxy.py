@@ -21,6 +21,10 @@ from hotload.local.tools import tool_path
 from hotload.waiting import wait_until
 
 HOST = "127.0.0.1"
+#: Toxiproxy answers a toxic's removal only once every link has left the toxic's current
+#: sleep (a ``bandwidth`` toxic sleeps per chunk), which on a busy machine takes seconds:
+#: the same patience as hotload.local.wan's calls.
+API_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -36,7 +40,7 @@ class Toxiproxy:
         return f"http://{HOST}:{self.listen_port}"
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> None:
-        response = httpx.request(method, f"{self.api}{path}", json=body, timeout=5)
+        response = httpx.request(method, f"{self.api}{path}", json=body, timeout=API_TIMEOUT_S)
         if response.status_code >= 300:
             raise AssertionError(
                 f"toxiproxy {method} {path}: {response.status_code} {response.text}"
