@@ -327,6 +327,7 @@ def main() -> None:
         "--work", type=Path, default=None, help="Scratch directory (default: a temp dir)."
     )
     args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)  # checked now, not after minutes of work
     work = args.work or Path(tempfile.mkdtemp(prefix="hotload-bench-"))
     started = datetime.now(UTC)
     results: dict[str, Any] = {
