@@ -345,6 +345,7 @@ class SidecarAgent(EngineWatch, LoadJobs):
             memory.hold,
             engine_answers=memory.engine_answers,
             catch_up_given_up=memory.catch_up_given_up,
+            engine_unconfirmed=memory.unconfirmed,
         )
         self._execute(step)
 
@@ -356,6 +357,8 @@ class SidecarAgent(EngineWatch, LoadJobs):
             self._status.phase = Phase.WAITING if self._memory.serving is None else Phase.IDLE
         elif kind is StepKind.HOLD:
             self._status.phase = Phase.FAILED
+        elif kind is StepKind.CONFIRM:
+            self._status.phase = Phase.CONFIRMING
         elif kind is StepKind.READY:
             self._status.phase = Phase.IDLE
             self._memory.attempts = Attempts()

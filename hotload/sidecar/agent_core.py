@@ -89,6 +89,9 @@ class Memory:
     the engine is known to be done with them."""
     unstaged_checked: set[tuple[str, str | None]] = field(default_factory=set)
     """(identity, instance) the engine named that no bucket manifest confirmed."""
+    unconfirmed: str | None = None
+    """What the engine names while its check against the manifest is pending (as of the
+    last observation): nothing is loaded over it (``StepKind.CONFIRM``)."""
     weights_unknown: bool = False
     """A load failed where a rollback is not trusted: the engine's label proves nothing
     until a load completes (the served buffer is reloaded)."""

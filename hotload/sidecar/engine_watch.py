@@ -5,6 +5,13 @@ On every reconcile the agent asks the engine what it serves; the planner's
 applies it — dropping the pod's snapshot at once when the engine restarted or serves
 something else, confirming a load of unknown outcome that landed, adopting what a
 restarted sidecar finds the engine serving (checked against its manifest and digest).
+
+When the engine names another snapshot than the pod says (same instance: a delta
+patched in place whose answer was lost, a load by someone else), the pod drops its
+snapshot at once and the report is judged again as a restarted sidecar would judge it:
+a newer snapshot the engine verifiably serves is adopted, never overwritten by a reload
+of the older served buffer. While that check cannot conclude (the bucket does not
+answer), :attr:`Memory.unconfirmed` names it and the planner loads nothing over it.
 """
 
 from __future__ import annotations
@@ -53,18 +60,34 @@ class EngineWatch(AgentCore):
         )
         verdict = judgement.verdict
         memory.engine_answers = verdict is not Verdict.UNREACHABLE
-        if verdict is Verdict.LOST:
+        memory.unconfirmed = None
+        if verdict is Verdict.LOST and report is not None:
             log.warning(
-                "the engine does not serve what the pod says; reloading",
+                "the engine does not serve what the pod says",
                 extra={**self._context(), "detail": judgement.detail},
             )
             self._lose_serving()
-        elif (verdict is Verdict.LANDED and judgement.slot is not None and report is not None) or (
+            # What does it serve, then? Judged as a restarted sidecar judges it (with the
+            # digest), so a newer snapshot it verifiably serves is adopted rather than
+            # replaced by the older served buffer.
+            if report.identity is not None and report.digest is None:
+                report = await self._engine_report(engine, digest=True)
+                if self._handing or epoch != self._engine_epoch:
+                    return
+                if report is None:
+                    memory.engine_answers = False
+                    return
+            judgement = judge_engine(
+                None, report, memory.buffers, weights_unknown=memory.weights_unknown
+            )
+            verdict = judgement.verdict
+        if (verdict is Verdict.LANDED and judgement.slot is not None and report is not None) or (
             verdict is Verdict.ADOPT and judgement.slot is not None and report is not None
         ):
             await self._confirm(judgement.slot, report, self._observed_via(judgement.identity))
         elif verdict is Verdict.ADOPT_UNSTAGED and report is not None:
-            await self._adopt_unstaged(report)
+            if not await self._adopt_unstaged(report, epoch):
+                memory.unconfirmed = report.identity
         elif verdict is Verdict.EMPTY and memory.serving is not None:
             self._lose_serving()
 
@@ -93,33 +116,53 @@ class EngineWatch(AgentCore):
             extra={**self._context(), "snapshot": staged.identity, "buffer": slot.value},
         )
 
-    async def _adopt_unstaged(self, report: EngineReport) -> None:
+    async def _adopt_unstaged(self, report: EngineReport, epoch: int) -> bool:
         """The engine names a snapshot no buffer holds: trust it once its manifest (and
-        the digest, where the engine gives one) confirms it."""
+        the digest, where the engine gives one) confirms it.
+
+        True once the check concluded — adopted, or refuted (no such manifest, another
+        digest: the served buffer may then be reloaded over it). False while it is
+        pending (no deployment yet, the bucket did not answer, or a load began or ended
+        meanwhile, which makes this report stale): the caller loads nothing over it."""
         identity = report.identity
         key = (identity or "", report.instance_id)
         deployment = self._deployment
-        if identity is None or deployment is None or key in self._memory.unstaged_checked:
-            return
+        if identity is None or key in self._memory.unstaged_checked:
+            return True
+        if deployment is None:
+            return False
         try:
             manifest = await self._ensure_loader(deployment).manifest(identity)
         except HotloadError as err:
-            if isinstance(err, NotFound) or not err.transient:
+            concluded = isinstance(err, NotFound) or not err.transient
+            if concluded:
                 self._memory.unstaged_checked.add(key)
             log.info(
                 "the engine serves a snapshot this replica cannot confirm",
-                extra={**self._context(), "snapshot": identity, "error": str(err)},
+                extra={
+                    **self._context(),
+                    "snapshot": identity,
+                    "error": str(err),
+                    "retried": not concluded,
+                },
             )
-            return
+            return concluded
+        if self._handing or epoch != self._engine_epoch:
+            return False  # a handover started or ended while the manifest was read
         if report.digest is not None and report.digest != manifest_digest(manifest):
             self._memory.unstaged_checked.add(key)
             log.warning(
                 "the engine's weights are not the snapshot it names",
                 extra={**self._context(), "snapshot": identity},
             )
-            return
+            return True
         staged = Staged(identity, manifest.step, manifest.kind, manifest_digest(manifest))
         self._set_serving(staged, self._observed_via(identity), None, report.instance_id)
+        log.info(
+            "the engine serves a snapshot confirmed by its manifest; adopted",
+            extra={**self._context(), "snapshot": identity},
+        )
+        return True
 
     def _observed_via(self, identity: str | None) -> LoadPath | None:
         observed = self._observed_pod.annotations if self._observed_pod else {}

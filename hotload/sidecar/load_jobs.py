@@ -301,7 +301,29 @@ class LoadJobs(AgentCore):
                 await self._abandon(slot, str(err))
             await self._refresh_buffers()
             return
+        if not self._still_needed(kind):
+            return
         await self._hand(slot, staged, None, LoadPath.RELOAD, LoadTimings(), datetime.now(UTC))
+
+    def _still_needed(self, kind: StepKind) -> bool:
+        """Whether the reason for a reload or a settle still holds after the re-hash.
+
+        The engine is observed meanwhile: the unknown load may have been confirmed as
+        landed (nothing is handed any more), or what the engine serves adopted — and
+        the pod may already have said Ready on it. Loading now would only take the
+        engine somewhere it was not asked to go (level-triggered: the next decision
+        starts from what is known then)."""
+        memory = self._memory
+        if kind is StepKind.SETTLE and memory.buffers.handed is None:
+            reason = "the load of unknown outcome was confirmed meanwhile"
+        elif kind is StepKind.RELOAD and (
+            memory.serving is not None or memory.unconfirmed is not None
+        ):
+            reason = "the engine serves a snapshot known (or being checked) meanwhile"
+        else:
+            return True
+        log.info("reload not needed any more", extra={**self._context(), "why": reason})
+        return False
 
     async def _abandon(self, slot: Slot, why: str) -> None:
         """A buffer that cannot be loaded any more is no reload source (the next load

@@ -7,9 +7,9 @@ each one is a row in a table test (``tests/unit/sidecar/test_planning.py``):
   still the snapshot we loaded, restarted (or loaded by someone else), a load of unknown
   outcome that landed, or (after a sidecar restart) a staged snapshot to adopt.
 - :func:`next_step` — what to do now: wait for the engine, settle a load of unknown
-  outcome, reload the served buffer, swap an already built target, build the target,
-  catch staging up with a snapshot the engine serves but no buffer holds, or nothing
-  (Ready, Failed, no target).
+  outcome, reload the served buffer, wait for the check of a snapshot the engine names,
+  swap an already built target, build the target, catch staging up with a snapshot the
+  engine serves but no buffer holds, or nothing (Ready, Failed, no target).
 - :func:`choose_route` — how the target reaches the engine: its one delta patched into
   the engine's live weights (the engine serves exactly that delta's previous snapshot and
   can patch in place), or a rebuilt directory loaded.
@@ -219,14 +219,28 @@ def judge_engine(
 
 class StepKind(StrEnum):
     WAIT_ENGINE = "WaitEngine"
-    """The engine does not answer: nothing can be loaded."""
+    """The engine does not answer, or no buffer may be written (one served, the other
+    handed with its outcome unknown and no longer loadable): nothing can be loaded."""
     SETTLE = "Settle"
-    """A load of unknown outcome: load a verified buffer (the served one, else the handed
-    one). Engines run one load at a time, so once this one returns the earlier one is
-    over and the buffers' roles are known again."""
+    """A load of unknown outcome: load a verified buffer — the one holding the target,
+    else the handed one, else the served one. Engines run one load at a time, so once
+    this one returns the earlier one is over and the buffers' roles are known again.
+    The handed buffer goes before the served one because the unknown load may have
+    landed after the engine's last report (its answer lost, or still reading): loading
+    the served, older snapshot then would take the engine back to weights it already
+    left — after the pod may have said Ready on the new ones."""
     RELOAD = "Reload"
     """The engine lost its weights (restart, untrusted failed load): load the served
-    buffer again (``via: reload``)."""
+    buffer again (``via: reload``). Never while the engine names a snapshot whose check
+    is pending (:attr:`CONFIRM`): that may be a newer snapshot than the served buffer's
+    (patched in place), and the reload would take the engine back to it."""
+    CONFIRM = "Confirm"
+    """The engine names a snapshot no buffer holds, and its check against the manifest
+    (and digest) has not concluded yet — the bucket did not answer, or the deployment is
+    not known yet (a restarted sidecar, or a load whose answer was lost, after a delta
+    patched in place). Nothing is loaded over it meanwhile; the check is retried at the
+    next observation. Only a check that concludes the weights are not what the engine
+    names lets the served buffer be reloaded."""
     IDLE = "Idle"
     """No target."""
     HOLD = "Hold"
@@ -270,6 +284,21 @@ def staged_behind(serving: Serving | None, buffers: Buffers) -> bool:
     return serving is not None and not same_snapshot(buffers.held(buffers.served), serving)
 
 
+def _settles_forward(
+    held: Staged, target: SnapshotRef | None, serving: Serving | None, unconfirmed: str | None
+) -> bool:
+    """Whether loading ``held`` to settle leaves the engine no further back than what it
+    serves: the target, or nothing older than its confirmed snapshot (or, while a check
+    is pending, that very snapshot)."""
+    if same_snapshot(held, target):
+        return True
+    if serving is not None:
+        return held.step >= serving.step
+    if unconfirmed is not None:
+        return held.identity == unconfirmed
+    return True
+
+
 def next_step(
     target: SnapshotRef | None,
     serving: Serving | None,
@@ -278,20 +307,33 @@ def next_step(
     *,
     engine_answers: bool,
     catch_up_given_up: SnapshotRef | None = None,
+    engine_unconfirmed: str | None = None,
 ) -> Step:
     """The one thing to do now, from what is known (see :class:`StepKind`).
 
     ``catch_up_given_up``: a snapshot whose catch-up failed for good (it is not tried
-    again; the served buffer stays the older snapshot)."""
+    again; the served buffer stays the older snapshot).
+    ``engine_unconfirmed``: the identity the engine names while its check against the
+    manifest is pending (:attr:`StepKind.CONFIRM`)."""
     if not engine_answers:
         return Step(StepKind.WAIT_ENGINE)
     if buffers.handed is not None:
-        # Settle by loading a verified buffer: the served one when there is one (it is
-        # the known-good snapshot), else the handed one itself.
-        for slot in (buffers.served, buffers.handed):
-            if buffers.held(slot) is not None:
+        # Settle forward: whatever the unknown load did, loading the target (or the
+        # handed buffer) again never leaves the engine behind a snapshot it may already
+        # serve; a buffer that would take it back from what it serves is not loaded.
+        roles = (buffers.served, buffers.handed)
+        holds_target = [slot for slot in roles if same_snapshot(buffers.held(slot), target)]
+        for slot in (*holds_target, buffers.handed, buffers.served):
+            held = buffers.held(slot)
+            if held is not None and _settles_forward(held, target, serving, engine_unconfirmed):
                 return Step(StepKind.SETTLE, slot)
-    if serving is None and buffers.held(buffers.served) is not None:
+        # Nothing loadable settles forward: the handed buffer stays untouched, and the
+        # target is brought through the free buffer, if there is one (below).
+    if serving is None and engine_unconfirmed is not None:
+        if target is None or target.identity == engine_unconfirmed:
+            return Step(StepKind.CONFIRM, target=target)
+        # The target is another snapshot: bringing it is no step back (below).
+    elif serving is None and buffers.held(buffers.served) is not None:
         return Step(StepKind.RELOAD, buffers.served)
     if target is None:
         return Step(StepKind.IDLE)
@@ -309,7 +351,10 @@ def next_step(
     for slot in Slot:
         if not buffers.in_use(slot) and same_snapshot(buffers.held(slot), target):
             return Step(StepKind.SWAP, slot, target)
-    return Step(StepKind.BUILD, buffers.free_slot(), target)
+    free = buffers.free_slot()
+    if free is None:
+        return Step(StepKind.WAIT_ENGINE)
+    return Step(StepKind.BUILD, free, target)
 
 
 # --- how the target reaches the engine ------------------------------------------------

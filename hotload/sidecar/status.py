@@ -34,6 +34,9 @@ class Phase(StrEnum):
     RELOADING = "Reloading"
     """Loading the served buffer again (the engine restarted, or a load left its
     weights unknown), or settling a load whose outcome was not known."""
+    CONFIRMING = "Confirming"
+    """The engine names a snapshot no buffer holds; its check against the manifest has
+    not concluded (the bucket did not answer): nothing is loaded over it meanwhile."""
     RETRYING = "Retrying"
     """A transient failure; waiting before the next attempt."""
     FAILED = "Failed"

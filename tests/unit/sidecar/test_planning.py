@@ -229,10 +229,39 @@ NEXT = [
         Step(StepKind.WAIT_ENGINE),
     ),
     (
-        "unknown outcome: settle with the served buffer",
+        # The load of s6 may land after the engine's last report: loading s5 then would
+        # take the engine back from s6 (after the pod may have said Ready on it).
+        "unknown outcome: settle forward with the handed buffer",
         ref(7),
         serving(5),
         buffers(staged(5), staged(6), A, B),
+        None,
+        True,
+        Step(StepKind.SETTLE, B),
+    ),
+    (
+        "unknown outcome, the handed buffer is the target: settle with it",
+        ref(6),
+        serving(5),
+        buffers(staged(5), staged(6), A, B),
+        None,
+        True,
+        Step(StepKind.SETTLE, B),
+    ),
+    (
+        "unknown outcome, the target moved back to the served one: settle with it",
+        ref(5),
+        serving(5),
+        buffers(staged(5), staged(6), A, B),
+        None,
+        True,
+        Step(StepKind.SETTLE, A),
+    ),
+    (
+        "unknown outcome, the handed buffer unusable: settle with the served one",
+        ref(7),
+        serving(5),
+        buffers(staged(5), None, A, B),
         None,
         True,
         Step(StepKind.SETTLE, A),
@@ -763,4 +792,125 @@ def test_after_a_sidecar_restart_a_pending_load_keeps_its_buffer_in_use() -> Non
     assert (judgement.verdict, judgement.slot) == (Verdict.ADOPT, A)
     adopted = Buffers(state.contents, served=A, handed=B)
     step = next_step(ref(7), serving(5), adopted, None, engine_answers=True)
-    assert step == Step(StepKind.SETTLE, A), "never built into B; the served one settles"
+    assert step == Step(StepKind.SETTLE, B), "never built into B; settled by loading it"
+
+
+# --- never back to a snapshot the engine left -----------------------------------------
+#
+# The cross-region e2e once answered a completion on step 1 then step 3, after step 3
+# was Ready: the engine had been taken back to the older served buffer. Each row is a
+# way in; the answer must never be a load of the older buffer.
+
+UNCONFIRMED = [
+    # (name, target, serving, buffers, engine_unconfirmed, expected)
+    (
+        # A restarted sidecar (or a patch whose answer was lost): the engine names s6,
+        # patched in place; the served buffer still holds s5 (catch-up not done); the
+        # bucket did not answer the manifest check yet.
+        "the engine names the target, check pending: wait for the check",
+        ref(6),
+        None,
+        buffers(staged(5), served=A),
+        "s6",
+        Step(StepKind.CONFIRM, target=ref(6)),
+    ),
+    (
+        "the engine names a snapshot, no target, check pending: wait",
+        None,
+        None,
+        buffers(staged(5), served=A),
+        "s6",
+        Step(StepKind.CONFIRM),
+    ),
+    (
+        "the engine names an older target's successor; a newer target is built, not s5",
+        ref(7),
+        None,
+        buffers(staged(5), served=A),
+        "s6",
+        Step(StepKind.BUILD, B, ref(7)),
+    ),
+    (
+        "check concluded (nothing pending): the served buffer is reloaded",
+        ref(6),
+        None,
+        buffers(staged(5), served=A),
+        None,
+        Step(StepKind.RELOAD, A),
+    ),
+    (
+        "a handed load of unknown outcome settles forward even while a check is pending",
+        ref(6),
+        None,
+        buffers(staged(5), staged(6), A, B),
+        "s6",
+        Step(StepKind.SETTLE, B),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("target", "serving_", "buffers_", "unconfirmed", "expected"),
+    [row[1:] for row in UNCONFIRMED],
+    ids=[row[0] for row in UNCONFIRMED],
+)
+def test_nothing_older_is_loaded_over_a_snapshot_being_checked(
+    target: SnapshotRef | None,
+    serving_: Serving | None,
+    buffers_: Buffers,
+    unconfirmed: str | None,
+    expected: Step,
+) -> None:
+    step = next_step(
+        target, serving_, buffers_, None, engine_answers=True, engine_unconfirmed=unconfirmed
+    )
+    assert step == expected
+
+
+def test_a_patch_whose_answer_was_lost_is_adopted_not_reloaded_over() -> None:
+    """In place s5 -> s6, the answer lost: the pod still says s5, the engine names s6 with
+    s6's digest. The pod drops s5 at once (LOST); judged again with nothing served, the
+    engine's s6 is a snapshot to check (ADOPT_UNSTAGED, never a reload of s5); once a
+    buffer holds s6 verified it is adopted from it."""
+    state = buffers(staged(5), served=A)
+    lost = judge_engine(serving(5, slot=A), report("s6", digest="d6"), state)
+    assert lost.verdict is Verdict.LOST
+    again = judge_engine(None, report("s6", digest="d6"), state)
+    assert (again.verdict, again.identity) == (Verdict.ADOPT_UNSTAGED, "s6")
+    pending = next_step(
+        ref(6), None, state, None, engine_answers=True, engine_unconfirmed=again.identity
+    )
+    assert pending.kind is StepKind.CONFIRM
+    caught_up = buffers(staged(5), staged(6), served=A)
+    adopt = judge_engine(None, report("s6", digest="d6"), caught_up)
+    assert (adopt.verdict, adopt.slot) == (Verdict.ADOPT, B)
+
+
+def test_no_situation_loads_an_older_buffer_over_a_newer_snapshot_the_engine_names() -> None:
+    """Exhaustive over small states: while the engine names s6 (served and confirmed, or
+    pending its check) and a buffer holds the older s5, no step loads s5. (A handed
+    buffer holding s5 is left out: s5 was then handed after s6 was served, which only a
+    target moved back to s5 does — a rollback the operator asked for.)"""
+    contents = [None, staged(5), staged(6)]
+    for a in contents:
+        for b in contents:
+            for served in (A, B, None):
+                for handed in (A, B, None):
+                    if served is not None and served == handed:
+                        continue
+                    state = buffers(a, b, served, handed)
+                    if same_snapshot(state.held(handed), staged(5)):
+                        continue
+                    for target in (ref(6), ref(7), None):
+                        for serving_, pending in ((serving(6, slot=None), None), (None, "s6")):
+                            step = next_step(
+                                target,
+                                serving_,
+                                state,
+                                None,
+                                engine_answers=True,
+                                engine_unconfirmed=pending,
+                            )
+                            loads = step.kind in (StepKind.SETTLE, StepKind.RELOAD)
+                            older = loads and same_snapshot(state.held(step.slot), staged(5))
+                            assert not older, (state, target, serving_, pending, step)

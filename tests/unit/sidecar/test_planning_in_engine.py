@@ -246,11 +246,21 @@ CATCH_UP = [
     ),
     (
         "a load of unknown outcome is settled before any catch-up",
+        ref(7),
+        serving(6, None),
+        Buffers({A: staged(5), B: staged(7)}, served=A, handed=B),
+        None,
+        Step(StepKind.SETTLE, B),
+    ),
+    (
+        # Settling with s5 or s4 would take the engine back from s6, which it serves
+        # confirmed: neither is loaded, the handed buffer stays untouched.
+        "no settle goes behind the snapshot the engine serves",
         ref(6),
         serving(6, None),
         Buffers({A: staged(5), B: staged(4)}, served=A, handed=B),
         None,
-        Step(StepKind.SETTLE, A),
+        Step(StepKind.READY, None, ref(6)),
     ),
 ]
 
