@@ -5,12 +5,13 @@ directory (a full read and copy of every weight) costs far more than the change.
 engine keeps the exact bits it serves (``storage``, the snapshot's dtype) and patches
 them where they are: every stored file's sha256 and the chain are checked first, the
 changes are decoded straight into the held tensors, and every patched tensor's xxh3-128
-is checked against the manifest. Only then are the patched tensors widened into new
-parameters of the compute dtype (when the model computes in another dtype, e.g. float32
-on CPU), still beside serving; between two tokens the parameters are only pointed at
-them. When the held bits are the parameters themselves, the whole patch runs between
-two tokens. Any failure undoes every change (the patch is all or nothing), so
-the engine keeps serving exactly its old weights and says why.
+is checked against the manifest. Only then are new parameters of the compute dtype
+made (when the model computes in another dtype, e.g. float32 on CPU), still beside
+serving: the parameters of the step before, kept as a spare, take only the elements the
+last two deltas changed (:mod:`~hotload.engines.reference.spare`); between two tokens the
+parameters are only pointed at them. When the held bits are the parameters themselves,
+the whole patch runs between two tokens. Any failure undoes every change (the patch is
+all or nothing), so the engine keeps serving exactly its old weights and says why.
 
 A delta that changes the model's layout (a tensor added, removed, reshaped or retyped)
 is refused with :class:`LayoutChanged`: the sidecar then loads the rebuilt directory.
@@ -18,16 +19,17 @@ is refused with :class:`LayoutChanged`: the sidecar then loads the rebuilt direc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from hotload.api import SnapshotKind
+from hotload.engines.reference.spare import SpareParameters, WrittenElements
 from hotload.errors import DeltaNotApplicable, EngineRejected, HotloadError
 from hotload.snapshot import Manifest, patch_tensors, read_manifest
+from hotload.snapshot.patching import ChangeSink
 from hotload.snapshot.torch_dtypes import TORCH_DTYPES
 
 _NUMPY_WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -79,60 +81,47 @@ def patch_storage(
     manifest: Manifest,
     held_identity: str,
     *,
-    on_tensor: Callable[[str], None] | None = None,
-) -> list[str]:
-    """Patch the held tensors (CPU) in place, all or nothing; the names of those written.
+    on_change: ChangeSink | None = None,
+) -> None:
+    """Patch the held tensors (CPU) in place, all or nothing.
 
-    ``on_tensor`` hears each written tensor's name once it is patched and checked (a
+    ``on_change`` hears every range written, once its tensor is patched and checked (a
     later failure still undoes it)."""
     views = {
         name: tensor.detach().reshape(-1).view(_TORCH_WORDS[tensor.element_size()]).numpy()
         for name, tensor in storage.items()
     }
     words = {name: view.view(_NUMPY_WORDS[view.itemsize]) for name, view in views.items()}
-    written: list[str] = []
-
-    def heard(name: str, _start: int, _positions: np.ndarray | None, _length: int) -> None:
-        if written and written[-1] == name:
-            return  # another range of the same tensor
-        written.append(name)
-        if on_tensor is not None:
-            on_tensor(name)
-
     try:
         patch_tensors(
             words,
             path,
             held_identity=held_identity,
             manifest=manifest,
-            on_change=heard,
+            on_change=on_change,
             raw_in_place=True,
         )
     except HotloadError as err:
         raise EngineRejected(
             f"the delta was refused ({err.reason}): {err}", reason=err.reason, path=str(path)
         ) from err
-    return written
 
 
-def patch_and_widen(
+def patch_into_spare(
     storage: Mapping[str, torch.Tensor],
     path: Path,
     manifest: Manifest,
     held_identity: str,
+    spare: SpareParameters,
     dtype: torch.dtype,
-) -> dict[str, torch.Tensor]:
-    """Patch the held tensors, and widen each written one into a new tensor of ``dtype``
-    as soon as it is patched and checked — in a second thread, so that widening overlaps
-    the decoding of the next tensors. The new tensors, by name (all or nothing)."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="widen") as pool:
-        widened: dict[str, Future[torch.Tensor]] = {}
-
-        def widen(name: str) -> None:
-            widened[name] = pool.submit(storage[name].to, dtype)
-
-        patch_storage(storage, path, manifest, held_identity, on_tensor=widen)
-        return {name: future.result() for name, future in widened.items()}
+) -> tuple[dict[str, torch.Tensor], WrittenElements]:
+    """Patch the held tensors, then bring the spare parameters (one step behind) up to
+    them in ``dtype``, writing only the elements this delta and the one before wrote
+    (:mod:`~hotload.engines.reference.spare`). The new parameters, by name, and what
+    this delta wrote (all or nothing: a refused patch leaves the spare as it was)."""
+    written = WrittenElements()
+    patch_storage(storage, path, manifest, held_identity, on_change=written.heard)
+    return spare.catch_up(storage, written, dtype), written
 
 
 def changed_positions(held: torch.Tensor, new: torch.Tensor) -> torch.Tensor:

@@ -47,6 +47,7 @@ from hotload.engines.reference import delta
 from hotload.engines.reference import model as rm
 from hotload.engines.reference import tokenizer as tok
 from hotload.engines.reference.cache import DEFAULT_CAPACITY, PromptCache
+from hotload.engines.reference.spare import SpareParameters, WrittenElements
 from hotload.engines.reference.weights import merge_lora, read_full_snapshot
 from hotload.errors import EngineBusy, EngineRejected
 from hotload.snapshot import manifest_digest
@@ -178,6 +179,9 @@ class ReferenceRuntime:
         self._storage: dict[str, torch.Tensor] | None = None
         """The served weights' exact bits in the snapshot's dtype, which deltas patch in
         place (the parameters themselves when they are that dtype); None under LoRA."""
+        self._spare = SpareParameters()
+        """With its own copy of the bits: the parameters of the step before the last
+        delta, which the next delta brings forward sparsely (empty after a load)."""
 
     # --- state -----------------------------------------------------------------------
 
@@ -290,13 +294,15 @@ class ReferenceRuntime:
         parameters = rm.parameters(self._base)
         shared = not self._own_copy
         fresh: dict[str, torch.Tensor] = {}
+        written = WrittenElements()
         if not shared:
-            fresh = await asyncio.to_thread(
-                delta.patch_and_widen,
+            fresh, written = await asyncio.to_thread(
+                delta.patch_into_spare,
                 storage,
                 path,
                 manifest,
                 self.identity,
+                self._spare,
                 self.compute_dtype,
             )
         read_done = time.perf_counter()
@@ -306,7 +312,9 @@ class ReferenceRuntime:
             if shared:
                 await asyncio.to_thread(delta.patch_storage, storage, path, manifest, self.identity)
             else:
+                replaced = {name: parameters[name].data for name in fresh}
                 _point_at(parameters, fresh)
+                self._spare.keep(replaced, written)
             if cache_policy is not None:
                 self.cache.apply(cache_policy)
             previous, self.identity = self.identity, identity
@@ -343,6 +351,7 @@ class ReferenceRuntime:
             raise EngineBusy("another load is running", identity=identity)
         self._loading = True
         self.loading = identity
+        self._spare.drop()  # the parameters are replaced whole: no delta to catch up with
         try:
             started = time.perf_counter()
             prepared = await asyncio.to_thread(self._prepare, path, kind)

@@ -1,0 +1,137 @@
+"""The parameters of the step before, kept to take the next delta sparsely.
+
+An engine that computes in another dtype than the snapshot's (float32 on CPU) cannot
+patch its parameters in place while they serve, and widening every patched tensor into
+a new one rewrites the whole model (577 MB for 144M parameters) to change ~2% of it. So
+when a delta swaps the parameters, the tensors they pointed at before are kept as the
+*spare*, one step behind, with the ranges that delta wrote. The next delta then brings
+the spare forward by writing only the elements the two deltas changed (the previous
+one's ranges and its own), widened from the held bits that the patch just checked, and
+the parameters are pointed at it: the write is a few percent of the model, and the
+memory is the one extra copy the swap held transiently before.
+
+The spare is exact by construction: it equalled the held bits two steps ago, and every
+element that differs since is in one of the two deltas' ranges, written from the held
+bits (which the patch checked against the manifest). Anything that replaces the
+parameters otherwise (a directory load, a LoRA merge) drops it; a tensor the spare lacks
+is widened whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class WrittenRange:
+    """Elements a patch wrote in one tensor: ``positions`` (in the range) or, when None,
+    all of ``[start, start + length)``."""
+
+    start: int
+    length: int
+    positions: np.ndarray | None
+
+
+@dataclass
+class WrittenElements:
+    """Per tensor, the ranges a patch wrote (told by ``patch_tensors``' ``on_change``)."""
+
+    ranges: dict[str, list[WrittenRange]] = field(default_factory=dict)
+
+    def heard(self, name: str, start: int, positions: np.ndarray | None, length: int) -> None:
+        """A :data:`hotload.snapshot.patching.ChangeSink`."""
+        self.ranges.setdefault(name, []).append(WrittenRange(start, length, positions))
+
+    def flat_positions(self, name: str) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        """(positions written sparsely, whole ranges written) in ``name``, flat."""
+        sparse: list[np.ndarray] = []
+        whole: list[tuple[int, int]] = []
+        for written in self.ranges.get(name, ()):
+            if written.positions is None:
+                whole.append((written.start, written.length))
+            else:
+                sparse.append(written.positions.astype(np.int64, copy=False) + written.start)
+        positions = np.concatenate(sparse) if sparse else np.zeros(0, dtype=np.int64)
+        return positions, whole
+
+    def count(self) -> int:
+        """Elements written (whole ranges counted whole)."""
+        return sum(
+            written.length if written.positions is None else len(written.positions)
+            for ranges in self.ranges.values()
+            for written in ranges
+        )
+
+
+def _copy_elements(
+    target: torch.Tensor,
+    source: torch.Tensor,
+    positions: np.ndarray,
+    whole: list[tuple[int, int]],
+) -> None:
+    """``target[i] = source[i]`` widened (exact), for the positions and whole ranges given."""
+    flat_target = target.view(-1)
+    flat_source = source.reshape(-1)
+    with torch.no_grad():
+        for start, length in whole:
+            flat_target[start : start + length].copy_(flat_source[start : start + length])
+        if not len(positions):
+            return
+        if source.dtype == torch.bfloat16 and target.dtype == torch.float32:
+            # bf16 is float32's upper half: widening is a 16-bit shift of the bits, done
+            # on the words (numpy, no temporaries of the whole tensor).
+            words = flat_source.view(torch.int16).numpy().view(np.uint16)
+            out = flat_target.view(torch.int32).numpy().view(np.uint32)
+            out[positions] = words[positions].astype(np.uint32) << np.uint32(16)
+            return
+        index = torch.from_numpy(positions)
+        flat_target[index] = flat_source[index].to(target.dtype)
+
+
+class SpareParameters:
+    """Compute-dtype tensors one step behind the served parameters, and what they lack."""
+
+    def __init__(self) -> None:
+        self._tensors: dict[str, torch.Tensor] = {}
+        self._behind = WrittenElements()
+
+    def drop(self) -> None:
+        """Forget the spare (the parameters were replaced otherwise than by a delta)."""
+        self._tensors = {}
+        self._behind = WrittenElements()
+
+    @property
+    def held(self) -> int:
+        """How many tensors the spare holds (0 after :meth:`drop`)."""
+        return len(self._tensors)
+
+    def catch_up(
+        self, storage: Mapping[str, torch.Tensor], written: WrittenElements, dtype: torch.dtype
+    ) -> dict[str, torch.Tensor]:
+        """Tensors of ``dtype`` equal to ``storage`` (the held bits, just patched with
+        ``written``), built from the spare where it has the tensor (only the elements
+        the last two deltas wrote), else widened whole. The spare is consumed: it must
+        not be written again until :meth:`keep` hands it the replaced parameters."""
+        fresh: dict[str, torch.Tensor] = {}
+        tensors, behind = self._tensors, self._behind
+        self.drop()
+        for name, held in storage.items():
+            spare = tensors.get(name)
+            if spare is None or spare.shape != held.shape or spare.dtype != dtype:
+                fresh[name] = held.to(dtype)
+                continue
+            for elements in (behind, written):
+                positions, whole = elements.flat_positions(name)
+                _copy_elements(spare, held, positions, whole)
+            fresh[name] = spare
+        return fresh
+
+    def keep(self, replaced: Mapping[str, torch.Tensor], written: WrittenElements) -> None:
+        """After the swap: ``replaced`` (what the parameters pointed at before, the step
+        before ``written``) becomes the spare, behind by ``written``."""
+        self._tensors = {name: tensor.detach() for name, tensor in replaced.items()}
+        self._behind = written

@@ -1,0 +1,177 @@
+"""Deltas in a row through the spare parameters stay bit-exact, in process.
+
+The reference runtime keeps the float32 parameters of the step before as a spare and
+brings it forward with only the elements the last two deltas wrote. These tests drive
+the real runtime (tiny model) through real deltas from the encoder and compare every
+float32 parameter with the exact widening of the step's bf16 weights file after each
+patch — a spare that missed an element, or that aliased the served tensors, fails them.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from hotload.api import SnapshotKind
+from hotload.engines.reference import model as rm
+from hotload.engines.reference.runtime import ReferenceRuntime
+from hotload.engines.reference.spare import SpareParameters, WrittenElements
+from hotload.errors import EngineRejected
+from hotload.snapshot import encode, manifest_digest, read_manifest
+from tests.unit.snapshot import tampering
+
+
+def next_step(previous: Path, target: Path, *, seed: int, fraction: float = 0.01) -> Path:
+    """The next snapshot: ``fraction`` of every tensor's bf16 elements moved by ±1 unit."""
+    shutil.copytree(previous, target)
+    tensors = load_file(str(previous / rm.WEIGHTS_FILE))
+    generator = torch.Generator().manual_seed(seed)
+    moved = {}
+    for name, tensor in tensors.items():
+        words = tensor.contiguous().view(torch.int16).clone().reshape(-1)
+        where = torch.rand(words.numel(), generator=generator) < fraction
+        signs = torch.randint(0, 2, (words.numel(),), generator=generator, dtype=torch.int16)
+        words[where] += (signs * 2 - 1)[where]
+        moved[name] = words.view(torch.bfloat16).reshape(tensor.shape)
+    save_file(moved, str(target / rm.WEIGHTS_FILE), metadata={"format": "pt"})
+    return target
+
+
+def assert_serves(runtime: ReferenceRuntime, weights: Path) -> None:
+    """Every float32 parameter is the exact widening of the weights file's bf16 tensor."""
+    expected = load_file(str(weights / rm.WEIGHTS_FILE))
+    served = rm.parameters(runtime._base)
+    for name, tensor in served.items():
+        want = expected[name].to(torch.float32).view(torch.int32)
+        assert torch.equal(tensor.detach().view(torch.int32), want), name
+
+
+class Chain:
+    """A full snapshot's weights and deltas after it, made by the real encoder."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        config = rm.build_config("tiny")
+        self.config = config
+        self.weights = [rm.save_snapshot(rm.build_model(config, seed=5), root / "w0")]
+
+    def delta(self, *, fraction: float = 0.01) -> tuple[Path, str]:
+        step = len(self.weights)
+        current = next_step(self.weights[-1], self.root / f"w{step}", seed=step, fraction=fraction)
+        out = self.root / f"d{step}"
+        encode(
+            self.weights[-1],
+            current,
+            out,
+            identity=f"s-{step}",
+            step=step,
+            previous_identity=f"s-{step - 1}",
+        )
+        self.weights.append(current)
+        return out, f"s-{step}"
+
+
+@pytest.fixture
+async def serving(tmp_path: Path) -> tuple[ReferenceRuntime, Chain]:
+    chain = Chain(tmp_path)
+    runtime = ReferenceRuntime(chain.config)
+    await runtime.load(chain.weights[0], "s-0", SnapshotKind.FULL)
+    return runtime, chain
+
+
+async def test_deltas_in_a_row_are_bit_exact_through_the_spare(
+    serving: tuple[ReferenceRuntime, Chain],
+) -> None:
+    runtime, chain = serving
+    assert runtime._spare.held == 0
+    for _ in range(4):
+        path, identity = chain.delta()
+        await runtime.apply_delta(path, identity)
+        assert_serves(runtime, chain.weights[-1])
+        assert await runtime.tensor_digest() == manifest_digest(read_manifest(path))
+        # the spare is the step before, in separate memory from what serves
+        assert runtime._spare.held == len(rm.parameters(runtime._base))
+        served = {t.data_ptr() for t in rm.parameters(runtime._base).values()}
+        assert not served & {t.data_ptr() for t in runtime._spare._tensors.values()}
+    assert runtime.deltas_applied == 4
+
+
+async def test_a_refused_delta_leaves_the_spare_usable(
+    serving: tuple[ReferenceRuntime, Chain],
+) -> None:
+    """A patch that fails its tensor check after writing (re-signed corruption) is undone
+    before the spare is touched: the next good delta is still exact."""
+    runtime, chain = serving
+    path, identity = chain.delta()
+    await runtime.apply_delta(path, identity)
+    good, good_identity = chain.delta()
+    corrupt = good.with_name("corrupt")
+    shutil.copytree(good, corrupt)
+    blob = next(corrupt.glob("hotload-delta-*.bin"))
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    blob.write_bytes(bytes(data))
+    tampering.resign(corrupt)
+    with pytest.raises(EngineRejected):
+        await runtime.apply_delta(corrupt, good_identity)
+    assert_serves(runtime, chain.weights[-2])
+    await runtime.apply_delta(good, good_identity)
+    assert_serves(runtime, chain.weights[-1])
+    path, identity = chain.delta()
+    await runtime.apply_delta(path, identity)
+    assert_serves(runtime, chain.weights[-1])
+
+
+async def test_a_directory_load_drops_the_spare(serving: tuple[ReferenceRuntime, Chain]) -> None:
+    runtime, chain = serving
+    for _ in range(2):
+        path, identity = chain.delta()
+        await runtime.apply_delta(path, identity)
+    assert runtime._spare.held
+    await runtime.load(chain.weights[-1], identity, SnapshotKind.FULL)
+    assert runtime._spare.held == 0
+    for _ in range(2):
+        path, identity = chain.delta(fraction=0.05)
+        await runtime.apply_delta(path, identity)
+        assert_serves(runtime, chain.weights[-1])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_catch_up_writes_both_deltas_sparse_and_whole_ranges(dtype: torch.dtype) -> None:
+    """The spare, two steps behind, takes the previous delta's ranges and this one's:
+    positions (widened on the words for bf16, through torch otherwise) and whole ranges."""
+    generator = torch.Generator().manual_seed(0)
+    step0 = {"a": torch.randn(6, 500, generator=generator).to(dtype), "b": torch.randn(7).to(dtype)}
+    held = {name: tensor.clone() for name, tensor in step0.items()}
+    spare = SpareParameters()
+    assert spare.catch_up(held, WrittenElements(), torch.float32)["a"].dtype == torch.float32
+
+    def write(
+        elements: WrittenElements, name: str, start: int, positions: list[int] | None
+    ) -> None:
+        flat = held[name].view(-1)
+        length = 100 if positions is not None else 50
+        where = (
+            range(start, start + length) if positions is None else [start + p for p in positions]
+        )
+        for i in where:
+            flat[i] = flat[i] + 1
+        elements.heard(name, start, None if positions is None else np.array(positions), length)
+
+    first = WrittenElements()
+    write(first, "a", 0, [1, 5, 99])
+    write(first, "a", 1000, None)
+    spare.keep({n: t.to(torch.float32) for n, t in step0.items()}, first)
+    second = WrittenElements()
+    write(second, "a", 2000, [0, 3])
+    write(second, "b", 0, [6])
+    fresh = spare.catch_up(held, second, torch.float32)
+    for name, tensor in held.items():
+        assert torch.equal(fresh[name], tensor.to(torch.float32)), name
+    assert spare.held == 0, "the spare is consumed until the swap hands it back"
+    assert second.count() == 3 and first.count() == 53
