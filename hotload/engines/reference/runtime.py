@@ -10,12 +10,15 @@ the snapshot's (float32 on CPU, the default) also builds the new parameters ther
 under the lock the parameters are only pointed at them (a pause of a few milliseconds,
 whatever the model's size; the old and new parameters coexist during the swap: one
 more copy of the model in memory); otherwise, under the lock, they are copied into the
-served parameters (Full/Incremental). For LoRA the served model is replaced by the
-base merged with the adapter (LoRA, through PEFT; the base stays aside for the next
-adapter). Only one load runs at a time (a second one is ``EngineBusy``). A load or a
-delta may carry the KV-cache policy, applied under the same lock as the swap, so no
-request ever meets the new weights with the old cache (the sidecar then needs neither a
-pause nor a held gate around the load: docs/engines.md, "Capabilities").
+served parameters (Full/Incremental). A delta (``apply_delta``) is patched into the held
+bits beside serving; the new float32 parameters are the spare (the step before's
+parameters, kept) brought forward by the elements the last two deltas wrote. For LoRA
+the served model is replaced by the base merged with the adapter (LoRA, through PEFT;
+the base stays aside for the next adapter). Only one load runs at a time (a second one
+is ``EngineBusy``). A load or a delta may carry the KV-cache policy, applied under the
+same lock as the swap, so no request ever meets the new weights with the old cache (the
+sidecar then needs neither a pause nor a held gate around the load: docs/engines.md,
+"Capabilities").
 
 The served weights' digest (``/admin/identity?digest=true``) is computed from the held
 bits under ``_storage_lock``, not the model lock, when the engine holds its own copy

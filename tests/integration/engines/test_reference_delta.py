@@ -88,6 +88,27 @@ async def test_a_delta_is_patched_in_place_bit_exact(
     assert answer["hotload_identity"] == "dp-2"
 
 
+async def test_deltas_in_a_row_stay_bit_exact(
+    engine: ReferenceEngine, publish: Publish, engine_workdir: Path
+) -> None:
+    """From the second delta on, the engine brings the parameters of the step before
+    forward with only the elements the last two deltas wrote (docs/engines.md): every
+    step's logits and weights are still the trainer's, a directory load in between
+    starts over, and the digest is each delta's manifest digest."""
+    previous = await serving_full(engine, publish, "dr-0")
+    identity = "dr-0"
+    for step in range(1, 6):
+        current = rl_step(previous, engine_workdir / f"dr-{step}-weights", seed=10 + step)
+        delta = delta_of(previous, current, engine_workdir / f"dr-{step}", f"dr-{step}", identity)
+        if step == 3:
+            await engine.load_weights(previous, identity, kind=SnapshotKind.FULL)
+        await engine.apply_delta(delta, f"dr-{step}")
+        served = await served_digests(engine)
+        assert served == (f"dr-{step}", *expected_digests(current)), step
+        assert (await engine.report(digest=True)).digest == manifest_digest(read_manifest(delta))
+        previous, identity = current, f"dr-{step}"
+
+
 async def test_after_a_patch_the_digest_is_the_manifests_and_the_cache_policy_applied(
     engine: ReferenceEngine, publish: Publish, engine_workdir: Path
 ) -> None:
