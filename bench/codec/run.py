@@ -343,6 +343,7 @@ def main() -> None:
         for lr_text in args.lrs.split(","):
             lr = float(lr_text)
             base = work / f"lr{lr_text}"
+            shutil.rmtree(base, ignore_errors=True)  # what an interrupted run left behind
             print(f"fine-tuning at lr {lr_text} for {args.steps} steps", flush=True)
             snapshots = training.fine_tune(base / "snapshots", lr=lr, steps=args.steps)
             for snapshot in snapshots:
