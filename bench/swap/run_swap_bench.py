@@ -17,7 +17,8 @@ up, as a trainer's step time would leave it.
 The limit of the same path, measured in the same run: the delta's bytes over the link
 (bytes / stated rate + latency), one memory pass over the model's bytes (a copy of the
 rebuilt shard on tmpfs into memory already faulted in), and the engine's own floor (its
-load of the already rebuilt directory from tmpfs, asked directly). The rolling-restart
+load of the already rebuilt directory from tmpfs, asked directly), each measured while
+the same client streams tokens (the swaps' conditions) and idle. The rolling-restart
 baseline is measured too: a fresh engine process started on the full snapshot, plus
 fetching that snapshot over the link. Results go to ``results.md`` and ``results.json``.
 
@@ -313,8 +314,16 @@ async def _run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         last = results[-1]["identity"]
         print("measuring the limits ...", flush=True)
         shard = _rebuilt_directory(replica.staging, last) / "model.safetensors"
-        memory_pass = _memory_pass(shard)
-        floor = await _engine_floor(replica, replica.staging, last)
+        # The deltas ran while a client streamed tokens: the limit is measured in the same
+        # conditions (streaming), and idle beside it.
+        memory_idle = _memory_pass(shard)
+        floor_idle = await _engine_floor(replica, replica.staging, last)
+        async with TokenClock(replica.engine_url) as clock:
+            memory_pass = await asyncio.to_thread(_memory_pass, shard)
+            floor = await _engine_floor(replica, replica.staging, last)
+            streamed = len(clock.stamps)
+        if streamed < 10:
+            raise AssertionError(f"only {streamed} tokens streamed while the floor was measured")
         print("measuring the rolling-restart baseline ...", flush=True)
         cold = await _restart_baseline(
             args.size, workdir / "trainer" / "weights" / full.identity, "127.0.0.1"
@@ -324,12 +333,17 @@ async def _run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         for swap in results:
             link_s = swap["stored_bytes"] / rate + 2 * args.latency_ms / 1000
             limit = link_s + memory_pass + floor
+            idle = link_s + memory_idle + floor_idle
             swap["limit"] = {
                 "link_s": round(link_s, 4),
                 "memory_pass_s": round(memory_pass, 4),
                 "engine_floor_s": round(floor, 4),
                 "total_s": round(limit, 4),
                 "ratio": round(swap["target_to_ready_s"] / limit, 3),
+                "idle_memory_pass_s": round(memory_idle, 4),
+                "idle_engine_floor_s": round(floor_idle, 4),
+                "idle_total_s": round(idle, 4),
+                "idle_ratio": round(swap["target_to_ready_s"] / idle, 3),
             }
         return {
             "size": args.size,
@@ -341,7 +355,13 @@ async def _run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             },
             "model_bytes": shard.stat().st_size,
             "swaps": results,
-            "limits": {"memory_pass_s": memory_pass, "engine_floor_s": floor},
+            "limits": {
+                "conditions": "a client streaming tokens, as during the swaps",
+                "memory_pass_s": memory_pass,
+                "engine_floor_s": floor,
+                "idle_memory_pass_s": memory_idle,
+                "idle_engine_floor_s": floor_idle,
+            },
             "restart_baseline": {
                 "engine_cold_start_with_weights_s": round(cold, 3),
                 "fetch_full_s": round(fetch_full, 3),
@@ -354,6 +374,12 @@ async def _run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         await storage.aclose()
         api.close()
         down(state)
+
+
+def _idle(numbers: dict[str, Any], key: str) -> str:
+    """An idle-condition figure, or "-" for results made before it was measured."""
+    value = numbers.get(key)
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _markdown(report: dict[str, Any], command: str) -> str:
@@ -373,9 +399,9 @@ def _markdown(report: dict[str, Any], command: str) -> str:
         "emptyDir).",
         "",
         "| snapshot | via | target→Ready s | fetch s | verify s | rebuild s | swap s |"
-        " bytes fetched | ratio | limit s (link + memory + engine) | ÷ limit | engine pause s |"
-        " staged after Ready s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        " bytes fetched | ratio | limit s, streaming (link + memory + engine) | ÷ limit |"
+        " idle limit s | ÷ idle limit | engine pause s | staged after Ready s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for swap in report["swaps"]:
         seconds = swap["sidecar_seconds"]
@@ -391,6 +417,7 @@ def _markdown(report: dict[str, Any], command: str) -> str:
             f" {swap['fetched_bytes']:,} | {swap['changed_ratio']}x |"
             f" {limit['total_s']:.2f} ({limit['link_s']:.2f} + {limit['memory_pass_s']:.2f} +"
             f" {limit['engine_floor_s']:.2f}) | {limit['ratio']:.2f} |"
+            f" {_idle(limit, 'idle_total_s')} | {_idle(limit, 'idle_ratio')} |"
             f" {'n/a' if pause_s is None else f'{pause_s:.3f}'} |"
             f" {'-' if staged_after is None else f'{staged_after:.2f}'} |"
         )
@@ -402,7 +429,12 @@ def _markdown(report: dict[str, Any], command: str) -> str:
         "Limit = the delta's stored bytes over the link at the stated rate (plus one round "
         "trip) + one memory pass over the model's bytes (a copy of the rebuilt shard into "
         "memory, median of 3) + the engine's own floor (its load of the already rebuilt "
-        "directory from tmpfs, asked directly, median of 3), all measured in this run. "
+        "directory from tmpfs, asked directly, median of 3), all measured in this run and "
+        "in the swaps' conditions: while the same client streams tokens from the engine on "
+        "the same cores. The idle limit is the same with no client streaming (the engine "
+        "floor idle: "
+        f"{_idle(report['limits'], 'idle_engine_floor_s')} s, streaming: "
+        f"{report['limits']['engine_floor_s']:.2f} s). "
         "Engine pause = the longest gap between two streamed tokens during the swap, less "
         'the median gap. "in engine": the delta was patched into the engine\'s live '
         'weights (no rebuild before Ready); "staged after Ready": how long after Ready '
@@ -418,6 +450,7 @@ def _markdown(report: dict[str, Any], command: str) -> str:
     if deltas:
         times = [d["target_to_ready_s"] for d in deltas]
         ratios = [d["limit"]["ratio"] for d in deltas]
+        idle_ratios = [d["limit"].get("idle_ratio") for d in deltas]
         pauses = [(d.get("pause") or {}).get("pause_s") for d in deltas]
         known = [p for p in pauses if p is not None]
         speedup = full["target_to_ready_s"] / statistics.median(times)
@@ -429,8 +462,15 @@ def _markdown(report: dict[str, Any], command: str) -> str:
             "",
             "## Targets (deltas, medians)",
             "",
-            f"- delta target→Ready ≤ 1.5x the limit: {statistics.median(ratios):.2f}x "
-            f"(worst {max(ratios):.2f}x) — {met(statistics.median(ratios) <= 1.5)}",
+            f"- delta target→Ready ≤ 1.5x the limit (measured streaming, as the deltas): "
+            f"{statistics.median(ratios):.2f}x (worst {max(ratios):.2f}x) — "
+            f"{met(statistics.median(ratios) <= 1.5)}"
+            + (
+                f"; against the idle limit {statistics.median(idle_ratios):.2f}x "
+                f"(worst {max(idle_ratios):.2f}x)"
+                if None not in idle_ratios
+                else ""
+            ),
             f"- a delta ≥ 5x faster than a Full: {statistics.median(times):.2f} s vs "
             f"{full['target_to_ready_s']:.2f} s = {speedup:.1f}x — {met(speedup >= 5)}",
             "- engine pause ≤ 200 ms: "
