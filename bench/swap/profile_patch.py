@@ -108,7 +108,7 @@ async def timed(call: Any, stream: Stream | None) -> dict[str, float]:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     steps = fixtures(args.size, args.lr, args.deltas, args.cache)
-    runtime = ReferenceRuntime(rm.build_config(args.size))
+    runtime = ReferenceRuntime(rm.build_config(args.size), patch_nice=args.nice)
     runtime.load_initial(steps[0][0], "p-0")
     results: dict[str, Any] = {"deltas": [], "floor": []}
     profiler = cProfile.Profile() if args.profile else None
@@ -151,6 +151,7 @@ def main() -> None:
     parser.add_argument("--floors", type=int, default=2)
     parser.add_argument("--cache", type=Path, default=Path("/tmp/hotload-profile-patch"))
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--nice", type=int, default=0, help="the patch thread's nice")
     args = parser.parse_args()
     results = asyncio.run(run(args))
     for condition in ("idle", "streaming"):

@@ -215,6 +215,8 @@ async def _restart_baseline(size: str, weights: Path, host: str) -> float:
     """Seconds from starting a fresh engine on ``weights`` until it answers /health."""
     port = REFERENCE_ENGINE_PORT
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/")}
+    if "PYTHONPATH" in os.environ:  # a work tree's code, as the pods run it
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     started = time.perf_counter()
     process = subprocess.Popen(
         [

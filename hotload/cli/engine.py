@@ -64,6 +64,14 @@ def reference(
     cache_capacity: int = typer.Option(
         64, "--cache-capacity", min=1, help="Prompt-cache entries kept."
     ),
+    patch_nice: int = typer.Option(
+        0,
+        "--patch-nice",
+        min=0,
+        max=19,
+        help="Lower the delta patch thread's CPU priority by this much (Linux), so that "
+        "streaming forward passes win the cores during a patch.",
+    ),
 ) -> None:
     """Serve the reference engine (OpenAI-compatible, hot-swappable weights)."""
     import asyncio
@@ -86,6 +94,7 @@ def reference(
         compute_dtype=rm.dtype_named(dtype),
         seed=seed,
         cache_capacity=cache_capacity,
+        patch_nice=patch_nice,
     )
     if weights is not None:
         runtime.load_initial(weights, identity or weights.name)

@@ -48,6 +48,7 @@ from hotload.api import KvCachePolicy, SnapshotKind
 from hotload.engines.protocol import PauseMode
 from hotload.engines.reference import delta
 from hotload.engines.reference import model as rm
+from hotload.engines.reference import priority
 from hotload.engines.reference import tokenizer as tok
 from hotload.engines.reference.cache import DEFAULT_CAPACITY, PromptCache
 from hotload.engines.reference.spare import SpareParameters, WrittenElements
@@ -142,8 +143,12 @@ class ReferenceRuntime:
         compute_dtype: torch.dtype = torch.float32,
         seed: int = rm.DEFAULT_SEED,
         cache_capacity: int = DEFAULT_CAPACITY,
+        patch_nice: int = 0,
     ) -> None:
         self.config = config
+        self._patch_pool = priority.patch_pool(patch_nice)
+        """The thread that patches deltas beside serving, ``patch_nice`` below the
+        forward passes' priority (:mod:`~hotload.engines.reference.priority`)."""
         self.instance_id = uuid.uuid4().hex
         """New at every start: a sidecar tells a restarted engine by it."""
         self.loaded = False
@@ -299,7 +304,8 @@ class ReferenceRuntime:
         fresh: dict[str, torch.Tensor] = {}
         written = WrittenElements()
         if not shared:
-            fresh, written = await asyncio.to_thread(
+            fresh, written = await asyncio.get_running_loop().run_in_executor(
+                self._patch_pool,
                 delta.patch_into_spare,
                 storage,
                 path,
