@@ -46,9 +46,8 @@ from transformers import DynamicCache, Qwen2Config
 
 from hotload.api import KvCachePolicy, SnapshotKind
 from hotload.engines.protocol import PauseMode
-from hotload.engines.reference import delta
+from hotload.engines.reference import delta, priority
 from hotload.engines.reference import model as rm
-from hotload.engines.reference import priority
 from hotload.engines.reference import tokenizer as tok
 from hotload.engines.reference.cache import DEFAULT_CAPACITY, PromptCache
 from hotload.engines.reference.spare import SpareParameters, WrittenElements
