@@ -11,6 +11,7 @@ keeps exactly the weights it had.
 from __future__ import annotations
 
 from collections.abc import Callable, MutableMapping
+from concurrent.futures import Executor, wait
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,7 @@ def patch_tensors(
     manifest: Manifest | None = None,
     on_change: ChangeSink | None = None,
     raw_in_place: bool = False,
+    executor: Executor | None = None,
 ) -> Manifest:
     """Patch ``tensors`` (name → C-contiguous array of the previous weights) in place.
 
@@ -95,7 +97,9 @@ def patch_tensors(
     written into the held array, which must have the tensor's size); tensors the
     snapshot no longer has are removed. ``held_identity``, when given, must be the
     delta's previous snapshot (:class:`ChainBroken` otherwise). ``on_change`` hears of
-    every range written; when the call raises, every change has been undone.
+    every range written; when the call raises, every change has been undone. With an
+    ``executor``, the chunks of each tensor are decoded on it in parallel (they write
+    disjoint ranges; one tensor at a time, so its checks and reports stay in order).
     """
     manifest = checked_delta(snapshot, held_identity, manifest)
     undo: list[_Undo] = []
@@ -104,7 +108,9 @@ def patch_tensors(
         deltas = DeltaFiles(snapshot, manifest, stack)
         try:
             for entry in manifest.tensors:
-                _patch_one(tensors, deltas, entry, undo, raw_in_place=raw_in_place)
+                _patch_one(
+                    tensors, deltas, entry, undo, raw_in_place=raw_in_place, executor=executor
+                )
                 _check_patched(tensors, entry, manifest)
                 if on_change is not None:
                     _report(entry, undo, on_change)
@@ -153,6 +159,7 @@ def _patch_one(
     undo: list[_Undo],
     *,
     raw_in_place: bool = False,
+    executor: Executor | None = None,
 ) -> None:
     """Patch one tensor, appending to ``undo`` before each change (so a failure midway
     can still be undone)."""
@@ -180,8 +187,16 @@ def _patch_one(
     if entry.name not in tensors:
         raise ChainBroken("a delta needs a tensor the held weights lack", tensor=entry.name)
     words = words_of(tensors[entry.name], entry)
-    for job in jobs:
-        _apply(entry.name, job, words, undo)
+    if executor is None or len(jobs) < 2:
+        for job in jobs:
+            _apply(entry.name, job, words, undo)
+        return
+    # Every job is waited for, even after one fails, so that no thread is still writing
+    # when the caller undoes (list.append is atomic: each job's records land whole).
+    futures = [executor.submit(_apply, entry.name, job, words, undo) for job in jobs]
+    wait(futures)
+    for future in futures:
+        future.result()
 
 
 def _apply(name: str, job: ChunkJob, words: np.ndarray, undo: list[_Undo]) -> None:

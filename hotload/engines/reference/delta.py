@@ -19,7 +19,9 @@ is refused with :class:`LayoutChanged`: the sidecar then loads the rebuilt direc
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
+from concurrent.futures import Executor, Future
 from pathlib import Path
 
 import numpy as np
@@ -82,11 +84,12 @@ def patch_storage(
     held_identity: str,
     *,
     on_change: ChangeSink | None = None,
+    executor: Executor | None = None,
 ) -> None:
     """Patch the held tensors (CPU) in place, all or nothing.
 
     ``on_change`` hears every range written, once its tensor is patched and checked (a
-    later failure still undoes it)."""
+    later failure still undoes it); ``executor`` decodes each tensor's chunks in parallel."""
     views = {
         name: tensor.detach().reshape(-1).view(_TORCH_WORDS[tensor.element_size()]).numpy()
         for name, tensor in storage.items()
@@ -100,6 +103,7 @@ def patch_storage(
             manifest=manifest,
             on_change=on_change,
             raw_in_place=True,
+            executor=executor,
         )
     except HotloadError as err:
         raise EngineRejected(
@@ -114,14 +118,46 @@ def patch_into_spare(
     held_identity: str,
     spare: SpareParameters,
     dtype: torch.dtype,
+    beside: Executor,
+    decode: Executor | None = None,
 ) -> tuple[dict[str, torch.Tensor], WrittenElements]:
-    """Patch the held tensors, then bring the spare parameters (one step behind) up to
+    """Patch the held tensors, and bring the spare parameters (one step behind) up to
     them in ``dtype``, writing only the elements this delta and the one before wrote
-    (:mod:`~hotload.engines.reference.spare`). The new parameters, by name, and what
-    this delta wrote (all or nothing: a refused patch leaves the spare as it was)."""
+    (:mod:`~hotload.engines.reference.spare`). Each tensor is brought forward on
+    ``beside`` (one thread) as soon as it is patched and checked, overlapping the
+    decoding of the next ones (decoded on ``decode``, chunks in parallel, when given).
+    The new parameters by name, and what this delta wrote.
+    All or nothing for the held bits; a refused patch leaves no spare (the next delta
+    widens every tensor)."""
     written = WrittenElements()
-    patch_storage(storage, path, manifest, held_identity, on_change=written.heard)
-    return spare.catch_up(storage, written, dtype), written
+    catch_up = spare.start(written, dtype)
+    submitted: list[str] = []
+    pending: list[Future[None]] = []
+
+    def submit(name: str) -> None:
+        submitted.append(name)
+        pending.append(beside.submit(catch_up.tensor, name, storage[name]))
+
+    def heard(name: str, start: int, positions: np.ndarray | None, length: int) -> None:
+        if written.ranges and name not in written.ranges:
+            # a tensor's ranges are told together, once it is patched and checked: a new
+            # name means the one before is final
+            submit(next(reversed(written.ranges)))
+        written.heard(name, start, positions, length)
+
+    try:
+        patch_storage(storage, path, manifest, held_identity, on_change=heard, executor=decode)
+        done = set(submitted)
+        for name in storage:  # the last one patched, and those the delta left unchanged
+            if name not in done:
+                submit(name)
+    finally:
+        for future in pending:  # never leave a thread writing the spare behind
+            with contextlib.suppress(Exception):
+                future.result()
+    for future in pending:
+        future.result()  # a failure of the catch-up itself
+    return catch_up.fresh, written
 
 
 def changed_positions(held: torch.Tensor, new: torch.Tensor) -> torch.Tensor:

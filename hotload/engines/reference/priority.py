@@ -34,11 +34,11 @@ def _lower(nice: int) -> None:
         log.warning("could not lower the patch thread's priority", extra={"error": str(err)})
 
 
-def patch_pool(nice: int) -> ThreadPoolExecutor:
-    """One worker thread, ``nice`` steps below the process's priority (Linux; elsewhere,
+def patch_pool(nice: int, *, workers: int = 1, name: str = "delta-patch") -> ThreadPoolExecutor:
+    """``workers`` threads, ``nice`` steps below the process's priority (Linux; elsewhere,
     where a thread's priority cannot be set alone, or with ``nice`` 0, the usual one)."""
     if nice > 0 and sys.platform == "linux":
         return ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="delta-patch", initializer=_lower, initargs=(nice,)
+            max_workers=workers, thread_name_prefix=name, initializer=_lower, initargs=(nice,)
         )
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="delta-patch")
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)

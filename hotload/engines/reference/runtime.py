@@ -59,6 +59,10 @@ from hotload.snapshot.digest import tensor_hash, tensor_set_digest
 log = logging.getLogger(__name__)
 
 INITIAL_IDENTITY = "init"
+DECODE_THREADS = 2
+"""Threads decoding a delta's chunks: the patch's length is the time to Ready, and the
+forward passes streaming meanwhile still win the cores when the patch runs with a
+``patch_nice`` (bench/swap/results.md measures both)."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +152,11 @@ class ReferenceRuntime:
         self._patch_pool = priority.patch_pool(patch_nice)
         """The thread that patches deltas beside serving, ``patch_nice`` below the
         forward passes' priority (:mod:`~hotload.engines.reference.priority`)."""
+        self._spare_pool = priority.patch_pool(patch_nice, name="spare")
+        """The thread that brings the spare parameters forward, tensor by tensor, while
+        the patch decodes the next ones (same priority)."""
+        self._decode_pool = priority.patch_pool(patch_nice, workers=DECODE_THREADS, name="decode")
+        """The threads that decode a tensor's chunks in parallel (same priority)."""
         self.instance_id = uuid.uuid4().hex
         """New at every start: a sidecar tells a restarted engine by it."""
         self.loaded = False
@@ -312,6 +321,8 @@ class ReferenceRuntime:
                 self.identity,
                 self._spare,
                 self.compute_dtype,
+                self._spare_pool,
+                self._decode_pool,
             )
         read_done = time.perf_counter()
         if self.swap_delay_s:

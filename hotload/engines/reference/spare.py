@@ -92,6 +92,38 @@ def _copy_elements(
         flat_target[index] = flat_source[index].to(target.dtype)
 
 
+class CatchUp:
+    """One delta's bringing forward of the spare, tensor by tensor: each tensor once its
+    held bits are final (patched and checked, or not in the delta)."""
+
+    def __init__(
+        self,
+        spare: Mapping[str, torch.Tensor],
+        behind: WrittenElements,
+        written: WrittenElements,
+        dtype: torch.dtype,
+    ) -> None:
+        self._spare = spare
+        self._behind = behind
+        self._written = written
+        self._dtype = dtype
+        self.fresh: dict[str, torch.Tensor] = {}
+        """The new parameters made so far, by name."""
+
+    def tensor(self, name: str, held: torch.Tensor) -> None:
+        """Make ``fresh[name]``, equal to ``held`` in the compute dtype: the spare's tensor
+        with the elements the last two deltas wrote, or ``held`` widened whole when the
+        spare lacks it."""
+        spare = self._spare.get(name)
+        if spare is None or spare.shape != held.shape or spare.dtype != self._dtype:
+            self.fresh[name] = held.to(self._dtype)
+            return
+        for elements in (self._behind, self._written):
+            positions, whole = elements.flat_positions(name)
+            _copy_elements(spare, held, positions, whole)
+        self.fresh[name] = spare
+
+
 class SpareParameters:
     """Compute-dtype tensors one step behind the served parameters, and what they lack."""
 
@@ -109,26 +141,24 @@ class SpareParameters:
         """How many tensors the spare holds (0 after :meth:`drop`)."""
         return len(self._tensors)
 
+    def start(self, written: WrittenElements, dtype: torch.dtype) -> CatchUp:
+        """Hand the spare to one delta's :class:`CatchUp` (``written``: what that delta
+        writes, filled while it patches). The spare is consumed: it is empty until
+        :meth:`keep` hands it the replaced parameters after the swap, so a patch that
+        fails midway, having written part of it, leaves none behind."""
+        catch_up = CatchUp(self._tensors, self._behind, written, dtype)
+        self.drop()
+        return catch_up
+
     def catch_up(
         self, storage: Mapping[str, torch.Tensor], written: WrittenElements, dtype: torch.dtype
     ) -> dict[str, torch.Tensor]:
-        """Tensors of ``dtype`` equal to ``storage`` (the held bits, just patched with
-        ``written``), built from the spare where it has the tensor (only the elements
-        the last two deltas wrote), else widened whole. The spare is consumed: it must
-        not be written again until :meth:`keep` hands it the replaced parameters."""
-        fresh: dict[str, torch.Tensor] = {}
-        tensors, behind = self._tensors, self._behind
-        self.drop()
+        """Tensors of ``dtype`` equal to ``storage`` (the held bits, already patched with
+        ``written``), tensor after tensor (:meth:`start`)."""
+        catch_up = self.start(written, dtype)
         for name, held in storage.items():
-            spare = tensors.get(name)
-            if spare is None or spare.shape != held.shape or spare.dtype != dtype:
-                fresh[name] = held.to(dtype)
-                continue
-            for elements in (behind, written):
-                positions, whole = elements.flat_positions(name)
-                _copy_elements(spare, held, positions, whole)
-            fresh[name] = spare
-        return fresh
+            catch_up.tensor(name, held)
+        return catch_up.fresh
 
     def keep(self, replaced: Mapping[str, torch.Tensor], written: WrittenElements) -> None:
         """After the swap: ``replaced`` (what the parameters pointed at before, the step

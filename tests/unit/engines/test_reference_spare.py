@@ -101,11 +101,12 @@ async def test_deltas_in_a_row_are_bit_exact_through_the_spare(
     assert runtime.deltas_applied == 4
 
 
-async def test_a_refused_delta_leaves_the_spare_usable(
+async def test_a_refused_delta_leaves_the_next_ones_exact(
     serving: tuple[ReferenceRuntime, Chain],
 ) -> None:
     """A patch that fails its tensor check after writing (re-signed corruption) is undone
-    before the spare is touched: the next good delta is still exact."""
+    and leaves no spare (part of it may have been brought forward): the old weights
+    serve on, and the next good deltas are exact."""
     runtime, chain = serving
     path, identity = chain.delta()
     await runtime.apply_delta(path, identity)
@@ -120,6 +121,7 @@ async def test_a_refused_delta_leaves_the_spare_usable(
     with pytest.raises(EngineRejected):
         await runtime.apply_delta(corrupt, good_identity)
     assert_serves(runtime, chain.weights[-2])
+    assert runtime._spare.held == 0
     await runtime.apply_delta(good, good_identity)
     assert_serves(runtime, chain.weights[-1])
     path, identity = chain.delta()
