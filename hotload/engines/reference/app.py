@@ -251,10 +251,9 @@ def create_app(runtime: ReferenceRuntime, *, served_name: str, root: Path | None
 
     @app.get("/admin/identity")
     async def identity(digest: bool = False) -> dict[str, Any]:
-        described = runtime.describe()
         if digest:
-            described["digest"] = await runtime.tensor_digest()
-        return described
+            return await runtime.describe_with_digest()
+        return runtime.describe()
 
     @app.get("/admin/cache")
     async def cache() -> dict[str, Any]:

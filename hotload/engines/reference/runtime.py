@@ -536,6 +536,22 @@ class ReferenceRuntime:
             self._digest = (self.swaps, value)
             return value
 
+    async def describe_with_digest(self) -> dict[str, Any]:
+        """:meth:`describe` and the digest of the same weights.
+
+        The digest waits for the storage lock, which a delta patch holds from its first
+        read to its swap: an identity read before that wait and a digest computed after
+        it would name the old snapshot with the new one's digest — a sidecar then takes
+        the engine for serving other weights than it names and reloads an older buffer
+        over the new ones. So the identity is read again whenever a swap landed
+        meanwhile."""
+        while True:
+            described = self.describe()
+            digest = await self.tensor_digest()
+            if self.swaps == described["swaps"]:
+                described["digest"] = digest
+                return described
+
     def _compute_digest(self) -> str:
         held = self._storage
         if held is not None and self._serving is self._base:

@@ -23,6 +23,7 @@ from hotload.engines import ReferenceEngine
 from hotload.engines.capabilities import patches_in_place, swaps_between_tokens
 from hotload.errors import DeltaNotApplicable, EngineRejected
 from hotload.snapshot import encode, manifest_digest, read_manifest
+from hotload.waiting import wait_until_async
 from tests.integration.engines.conftest import EngineProcess
 from tests.integration.engines.test_reference_engine import (
     Publish,
@@ -131,6 +132,39 @@ async def test_after_a_patch_the_digest_is_the_manifests_and_the_cache_policy_ap
     await engine.load_between_tokens(current, "dg-2-dir", kind=SnapshotKind.FULL, cache_policy=None)
     loaded = await engine.report(digest=True)
     assert loaded.identity == "dg-2-dir" and loaded.digest == patched.digest
+
+
+async def test_a_report_asked_during_a_patch_names_the_weights_its_digest_is_of(
+    engine: ReferenceEngine, publish: Publish, engine_workdir: Path
+) -> None:
+    """A digest asked for while a patch is on its way waits for the patch; the identity
+    in the same answer must be the patched one too. Before the fix the answer named the
+    old snapshot with the new one's digest, and a sidecar took the engine for serving
+    other weights than it names and reloaded an older buffer over the new ones."""
+    full = await serving_full(engine, publish, "dt-1")
+    current = rl_step(full, engine_workdir / "dt-2-weights", seed=7)
+    delta = delta_of(full, current, engine_workdir / "dt-2", "dt-2", "dt-1")
+    before = await engine.report(digest=True)
+    await admin(engine, "POST", "/admin/swap_delay", {"seconds": 2.0})
+    try:
+        patch = asyncio.create_task(engine.apply_delta(delta, "dt-2"))
+
+        async def patching() -> bool:
+            return (await admin(engine, "GET", "/admin/identity")).get("loading") == "dt-2"
+
+        assert await wait_until_async(patching, 30, interval_s=0.05), "the patch never began"
+        during = await engine.report(digest=True)
+        await patch
+    finally:
+        await admin(engine, "POST", "/admin/swap_delay", {"seconds": 0.0})
+    expected = {
+        "dt-1": before.digest,
+        "dt-2": manifest_digest(read_manifest(delta)),
+    }
+    assert during.identity is not None and during.digest == expected[during.identity], (
+        during,
+        expected,
+    )
 
 
 async def test_a_stream_in_flight_keeps_going_across_the_patch(

@@ -1,10 +1,13 @@
-"""Storage that fails, then recovers; a sidecar killed mid-download (s3 through a proxy)."""
+"""Storage that fails, then recovers; a sidecar killed mid-download or mid-patch (s3 through a
+proxy)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from hotload.local.trainer import PublishedSnapshot
@@ -134,3 +137,84 @@ async def test_sidecar_killed_mid_download_resumes_and_serves_only_verified_weig
     assert engine["swaps"] == 1, "the engine was handed exactly one snapshot: the verified one"
     served = await harness.engine_logits(replica, PROBE_TOKENS)
     assert served["sha256"] == s3_trainer.expected_logits(full).sha256
+
+
+async def _swap_delay(replica: Replica, seconds: float) -> None:
+    """Make the engine slow to swap: seconds between patching a delta and swapping it in."""
+    async with httpx.AsyncClient(trust_env=False) as client:
+        response = await client.post(
+            f"{replica.engine_url}/admin/swap_delay", json={"seconds": seconds}, timeout=10
+        )
+        response.raise_for_status()
+
+
+async def test_a_sidecar_restarted_mid_patch_never_takes_the_engine_back_to_the_older_buffer(
+    harness: SidecarHarness,
+    s3_trainer: Trainer,
+    s3: tuple[str, Storage],
+    minio: MinioServer,
+    toxiproxy: Toxiproxy,  # noqa: F811
+) -> None:
+    """The cross-region e2e once answered on step 1 then step 3 after step 3 was Ready.
+
+    The engine patches a delta in place (the served buffer keeps the Full: staging
+    catches up only after Ready); the sidecar dies during the patch, and the bucket is
+    unreachable when it comes back, so what the engine names cannot be checked against
+    its manifest. The restarted sidecar must load nothing over it — before the fix it
+    reloaded the older served buffer (the engine went back from the delta to the Full)
+    and then loaded the delta again. Once the bucket answers, the engine's snapshot is
+    adopted: the engine was loaded once (the Full) and patched once, nothing more.
+    """
+    toxiproxy.create(f"127.0.0.1:{minio.port}")
+    harness.create_deployment(rollout_deployment("patched", s3[0], endpoint=toxiproxy.endpoint))
+    replica = await harness.replica("patched-0", "patched", credentials=CREDENTIALS)
+    full = await s3_trainer.publish_full()
+    harness.set_target("patched", full.ref())
+    await harness.wait_state(replica, full.identity, "Ready", timeout=120)
+    s3_trainer.train_step()
+    delta = await s3_trainer.publish_delta()
+    await _swap_delay(replica, 8.0)
+    harness.set_target("patched", delta.ref())
+
+    async def patching() -> bool:
+        return (await harness.engine_identity(replica)).get("loading") == delta.identity
+
+    await eventually(patching, timeout=60, what="the engine to be in the middle of the patch")
+    toxiproxy.enabled(False)
+    harness.kill_sidecar(replica)
+
+    async def patched() -> bool:
+        return (await harness.engine_identity(replica))["identity"] == delta.identity
+
+    await eventually(patched, timeout=60, what="the engine to finish the patch")
+    await _swap_delay(replica, 0.0)
+    await harness.wait_restarted(replica, 1)
+
+    async def seen() -> bool:
+        engine_seen = (await harness.status(replica)).get("engineSeen") or {}
+        return engine_seen.get("identity") == delta.identity
+
+    await eventually(seen, timeout=60, what="the restarted sidecar to see the patched engine")
+    # The bucket stays down: the engine must stay on the delta (the old code reloaded the
+    # Full from the served buffer within one check, and the engine served it again).
+    served: list[str] = []
+    end = asyncio.get_running_loop().time() + 12
+    while asyncio.get_running_loop().time() < end:
+        served.append((await harness.engine_identity(replica))["identity"])
+        await asyncio.sleep(0.3)
+    assert set(served) == {delta.identity}, f"the engine was taken back: {served}\n" + (
+        harness.log(replica, "sidecar", tail=20000)
+    )
+    assert (await harness.status(replica))["phase"] == "Confirming"
+    # Nothing verified is claimed meanwhile: the pod says what it can check.
+    annotations = harness.annotations(replica.pod)
+    assert annotations.get("hotload.dev/state") == "Loading", annotations
+    assert "hotload.dev/snapshot" not in annotations, annotations
+
+    toxiproxy.enabled(True)
+    annotations = await harness.wait_state(replica, delta.identity, "Ready", timeout=90)
+    assert annotations["hotload.dev/snapshot"] == delta.identity
+    engine = await harness.engine_identity(replica)
+    assert (engine["swaps"], engine["deltas_applied"]) == (2, 1), engine
+    served = await harness.engine_logits(replica, PROBE_TOKENS)
+    assert served["sha256"] == s3_trainer.expected_logits(delta).sha256
