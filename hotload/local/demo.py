@@ -47,7 +47,7 @@ from hotload.api import SnapshotKind
 from hotload.api.conditions import CHAIN_VALID, DEGRADED, ConditionStatus
 from hotload.api.reasons import CHAIN_BREAKING_REASONS
 from hotload.errors import HotloadError, LocalRegionError
-from hotload.local import chart, wan
+from hotload.local import chart, replication, wan
 from hotload.local.corruption import CorruptingBucket, corrupting_opener
 from hotload.local.demo_region import RegionSession
 from hotload.local.fleets import FleetSpec, apply_fleet, complete
@@ -319,6 +319,8 @@ def publish_step(
 ) -> RolloutTiming:
     """One publish, waited on everywhere; the bytes each WAN link carried meanwhile."""
     before = {region.name: wan.bytes_over(region) for region in regions.regions}
+    # Settling closed the links a moment: replication must flow again before the write.
+    replication.wait_flowing(regions.region(regions.names[0]), regions.regions)  # the home
     published = publisher.publish(trainer.inference_state(), trainer.step).result()
     after = {region.name: wan.bytes_over(region) for region in regions.regions}
     timing = RolloutTiming(

@@ -16,9 +16,10 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from hotload.errors import LocalRegionError
 from hotload.local import object_storage, wan
@@ -99,3 +100,70 @@ def replicate_mesh(regions: Sequence[Region], config_dir: Path) -> int:
         "bucket replication set up", extra={"regions": [r.name for r in members], "rules": rules}
     )
     return rules
+
+
+#: The probe object :func:`wait_flowing` rewrites (outside every snapshot's prefix).
+PROBE_KEY: Final = ".hotload-probe"
+PROBE_ATTEMPT_S: Final = 3.0
+"""How long one probe may take to reach every replica before the next is written: MinIO
+checks a replication target's health every 5 s, so a second probe written after the next
+check replicates at once."""
+
+
+def wait_flowing(
+    home: Region, replicas: Sequence[Region], *, timeout_s: float = TIMEOUT_S
+) -> bool:
+    """Wait until replication from ``home`` reaches every region in ``replicas`` again
+    (False: not within ``timeout_s``).
+
+    Settling a WAN link (:func:`hotload.local.wan.settle`) closes it for a moment. When
+    MinIO's 5-second health check of a replication target falls into that moment, MinIO
+    marks the target offline until its next check, and whatever it replicates meanwhile
+    waits in its retry queue for about a minute (seen in the demo: one step Ready in a
+    region after 57 s instead of 2 s). A small probe object, written into the home bucket
+    until one arrives everywhere, shows the link carries replication again before the
+    next snapshot is written. A timeout is logged, not raised: the publisher then waits
+    for that snapshot's files itself.
+    """
+    others = [r for r in replicas if r is not home and object_storage.enabled(r)]
+    if not others or not object_storage.enabled(home):
+        return True
+    source = object_storage.s3_client(home)
+    clients = {r.name: object_storage.s3_client(r) for r in others}
+    started = time.monotonic()
+    deadline = started + timeout_s
+    attempt = 0
+    while time.monotonic() < deadline:
+        attempt += 1
+        body = f"{os.getpid()}-{time.time_ns()}-{attempt}".encode()
+        source.put_object(Bucket=object_storage.BUCKET, Key=PROBE_KEY, Body=body)
+        waiting = set(clients)
+        attempt_ends = min(deadline, time.monotonic() + PROBE_ATTEMPT_S)
+        while waiting and time.monotonic() < attempt_ends:
+            for name in sorted(waiting):
+                if _holds(clients[name], body):
+                    waiting.discard(name)
+            if waiting:
+                time.sleep(0.05)
+        if not waiting:
+            log.debug(
+                "bucket replication flows",
+                extra={"home": home.name, "probes": attempt, "seconds": time.monotonic() - started},
+            )
+            return True
+    log.warning(
+        "bucket replication did not carry a probe in time",
+        extra={"home": home.name, "timeout_s": timeout_s, "probes": attempt},
+    )
+    return False
+
+
+def _holds(client: Any, body: bytes) -> bool:
+    """The replica's probe object is the one just written."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        found = client.get_object(Bucket=object_storage.BUCKET, Key=PROBE_KEY)["Body"].read()
+    except (ClientError, BotoCoreError):  # not there yet (NoSuchKey), or busy: not yet
+        return False
+    return bool(found == body)

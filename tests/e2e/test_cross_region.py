@@ -28,7 +28,7 @@ import pytest
 from kubernetes import client as k8s
 
 from hotload.api import SnapshotKind
-from hotload.local import LocalRegions, prometheus, wan
+from hotload.local import LocalRegions, object_storage, prometheus, replication, wan
 from hotload.local.corruption import corrupting_opener
 from hotload.local.fleets import FleetSpec, apply_fleet, complete
 from hotload.local.region import Region
@@ -223,3 +223,31 @@ def test_one_trainer_three_regions_outage_corruption_and_bytes_over_the_wan(
     assert {(r["region"], r["newestStep"], r["lag"]) for r in rows} == {
         (name, 6, 0) for name in names
     }, rows
+
+
+def test_replication_flows_at_once_after_the_links_are_settled(wan_regions: LocalRegions) -> None:
+    """Settling closes every link for a moment (to count its bytes). When MinIO's health
+    check of a replication target falls into that moment, what it replicates before its
+    next check waits about a minute in its retry queue; once ``wait_flowing`` saw a probe
+    arrive everywhere, an object written to the home bucket replicates at once."""
+    regions = list(wan_regions.regions)
+    home = regions[0]
+    source = object_storage.s3_client(home)
+    replicas = {r.name: object_storage.s3_client(r) for r in regions[1:]}
+
+    def arrived(key: str) -> bool:
+        for client in replicas.values():
+            try:
+                client.head_object(Bucket=object_storage.BUCKET, Key=key)
+            except Exception:  # not there yet
+                return False
+        return True
+
+    for round_ in range(3):
+        for region in regions:
+            wan.settle(region)
+        assert replication.wait_flowing(home, regions, timeout_s=60), round_
+        key = f"hl-test-replication/{secrets.token_hex(4)}"
+        source.put_object(Bucket=object_storage.BUCKET, Key=key, Body=b"x" * 1024)
+        # Well under MinIO's retry (~1 min): a write right after the wait goes through.
+        assert wait_until(lambda key=key: arrived(key), 20, interval_s=0.1), (round_, key)
