@@ -180,9 +180,14 @@ def sidecar_container(deployment: RolloutDeployment) -> Manifest:
             "httpGet": {"path": "/readyz", "port": contract.SIDECAR_PORT},
             "periodSeconds": 2,
         },
+        # A sidecar restart drops its in-memory view (what it patched into the engine,
+        # which buffer lags): kill it only when it is gone, not when a busy node answers
+        # late (the default timeout is 1 s).
         "livenessProbe": {
             "httpGet": {"path": "/healthz", "port": contract.SIDECAR_PORT},
             "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 6,
         },
         "volumeMounts": _staging_mount(),
     }

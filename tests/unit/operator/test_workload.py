@@ -102,3 +102,12 @@ def test_engine_keys_reach_the_engine_command_and_both_containers() -> None:
     engine, _ = pod_template(deployment)["spec"]["containers"]
     assert "--admin-api-key" not in engine["command"] and "--api-key" in engine["command"]
     assert not any(e["name"] == "HOTLOAD_ENGINE_ADMIN_API_KEY" for e in engine["env"])
+
+
+def test_the_sidecar_is_killed_only_when_gone_not_when_a_busy_node_answers_late() -> None:
+    """A restarted sidecar forgets which buffer lags the engine: its liveness probe waits
+    seconds per answer and a minute of silence, not the defaults' 1 s and 30 s."""
+    sidecar = pod_template(_example_deployment())["spec"]["containers"][1]
+    probe = sidecar["livenessProbe"]
+    assert probe["timeoutSeconds"] >= 5
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= 60
