@@ -92,6 +92,23 @@ def _copy_elements(
         flat_target[index] = flat_source[index].to(target.dtype)
 
 
+WHOLE_FRACTION = 0.04
+"""Above this share of a tensor's elements written by the last two deltas, the spare's
+tensor is rewritten whole (a sequential pass, ~0.8 ns an element on one core) rather
+than element by element (scattered writes, 11-30 ns each): measured break-even ~4%."""
+
+
+def _widen_whole(target: torch.Tensor, source: torch.Tensor) -> None:
+    """``target = source`` widened (exact), in place, on the calling thread alone."""
+    if source.dtype == torch.bfloat16 and target.dtype == torch.float32:
+        words = source.reshape(-1).view(torch.int16).numpy().view(np.uint16)
+        out = target.view(-1).view(torch.int32).numpy().view(np.uint32)
+        np.left_shift(words, np.uint32(16), out=out, dtype=np.uint32)
+        return
+    with torch.no_grad():
+        target.copy_(source.view_as(target))
+
+
 class CatchUp:
     """One delta's bringing forward of the spare, tensor by tensor: each tensor once its
     held bits are final (patched and checked, or not in the delta)."""
@@ -118,9 +135,13 @@ class CatchUp:
         if spare is None or spare.shape != held.shape or spare.dtype != self._dtype:
             self.fresh[name] = held.to(self._dtype)
             return
-        for elements in (self._behind, self._written):
-            positions, whole = elements.flat_positions(name)
-            _copy_elements(spare, held, positions, whole)
+        found = [elements.flat_positions(name) for elements in (self._behind, self._written)]
+        count = sum(len(positions) + sum(n for _, n in whole) for positions, whole in found)
+        if count > WHOLE_FRACTION * held.numel():
+            _widen_whole(spare, held)
+        else:
+            for positions, whole in found:
+                _copy_elements(spare, held, positions, whole)
         self.fresh[name] = spare
 
 

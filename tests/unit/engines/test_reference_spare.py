@@ -129,6 +129,18 @@ async def test_a_refused_delta_leaves_the_next_ones_exact(
     assert_serves(runtime, chain.weights[-1])
 
 
+async def test_dense_deltas_rewrite_the_spare_whole_and_stay_exact(
+    serving: tuple[ReferenceRuntime, Chain],
+) -> None:
+    """Deltas touching more than WHOLE_FRACTION of the elements take the whole-tensor
+    path of the catch-up; fewer take the element path (the other tests): both exact."""
+    runtime, chain = serving
+    for _ in range(3):
+        path, identity = chain.delta(fraction=0.1)
+        await runtime.apply_delta(path, identity)
+        assert_serves(runtime, chain.weights[-1])
+
+
 async def test_a_directory_load_drops_the_spare(serving: tuple[ReferenceRuntime, Chain]) -> None:
     runtime, chain = serving
     for _ in range(2):
