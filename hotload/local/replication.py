@@ -119,11 +119,13 @@ def wait_flowing(
     Settling a WAN link (:func:`hotload.local.wan.settle`) closes it for a moment. When
     MinIO's 5-second health check of a replication target falls into that moment, MinIO
     marks the target offline until its next check, and whatever it replicates meanwhile
-    waits in its retry queue for about a minute (seen in the demo: one step Ready in a
-    region after 57 s instead of 2 s). A small probe object, written into the home bucket
-    until one arrives everywhere, shows the link carries replication again before the
-    next snapshot is written. A timeout is logged, not raised: the publisher then waits
-    for that snapshot's files itself.
+    waits in its retry queue for one to several minutes (seen in the demo: one step Ready
+    in a region after 57 s, in another run 274 s, instead of 2 s). A small probe object,
+    written into the home bucket until one arrives everywhere, shows the link carries
+    replication again before the next snapshot is written. This narrows the window but
+    does not close it: a health check cut by the settle can still report its failure
+    after the probe arrived. A timeout is logged, not raised: the publisher then waits
+    for that snapshot's files itself (and applies it after ``replication_timeout_s``).
     """
     others = [r for r in replicas if r is not home and object_storage.enabled(r)]
     if not others or not object_storage.enabled(home):
