@@ -163,7 +163,12 @@ def settle(region: Region) -> None:
     connection's bytes when it ends; clients and MinIO's replication keep theirs open).
     Call it where nothing is in flight: a transfer running now would be cut (and retried)."""
     for enabled in (False, True):
-        _call(region, "POST", f"/proxies/{PROXY}", {"enabled": enabled})
+        set_enabled(region, enabled)
+
+
+def set_enabled(region: Region, enabled: bool) -> None:
+    """Open or cut the region's link (cut: new connections are refused, open ones closed)."""
+    _call(region, "POST", f"/proxies/{PROXY}", {"enabled": enabled})
 
 
 def bytes_over(region: Region, *, settled: bool = True) -> WanBytes:

@@ -89,6 +89,11 @@ class PublisherSettings:
     """With ``home``: how long a region's PolicySnapshot waits for replication to bring
     the region its copy (checked through the region's publish endpoint) before it is
     applied anyway (its replicas then retry until the files arrive)."""
+    replication_nudge_after_s: float = 15.0
+    """With ``home``: files still missing in a region's bucket after this long are written
+    into the home bucket again (from the encoded snapshot), so replication sends them anew.
+    MinIO parks an object whose replication failed (a target it saw offline for a moment)
+    for one to several minutes; a new version replicates at once. 0: never."""
     fallback_full: bool = True
     """With ``wait``: when a region reports the chain broken, publish a Full of the same
     weights at once. Off: the next publish is a Full (the cadence's ``chain-broken`` rule)."""
@@ -474,7 +479,10 @@ class Publisher:
                 return True
             storage = self._storage(bucket)
             missing = {f"{item.identity}/{rel}" for rel in snapshot_files(Path(item.encoded))}
-            deadline = time.monotonic() + self.settings.replication_timeout_s
+            started = time.monotonic()
+            deadline = started + self.settings.replication_timeout_s
+            nudge_after = self.settings.replication_nudge_after_s
+            nudge_at = started + nudge_after if nudge_after > 0 else None
             interval = REPLICATION_POLL_S
             while True:
                 for key in sorted(missing):
@@ -499,10 +507,37 @@ class Publisher:
                         extra={"context": context, "snapshot": item.identity},
                     )
                     return False
+                if nudge_at is not None and time.monotonic() >= nudge_at:
+                    await self._nudge_replication(context, item, sorted(missing))
+                    nudge_at = time.monotonic() + 2 * nudge_after
                 await asyncio.sleep(interval)
                 interval = min(REPLICATION_POLL_MAX_S, interval * 1.5)
 
         return landed
+
+    async def _nudge_replication(
+        self, context: str, item: PendingSnapshot, missing: list[str]
+    ) -> None:
+        """Write the files a region still lacks into the home bucket again: a new version
+        of each, which replication sends at once (the failed one waits in MinIO's retry
+        queue). The bytes cross the home link again, and each other region's link once
+        more: only in this rare case, and only for the missing files."""
+        log.warning(
+            "replication is late; writing the missing files into the home bucket again",
+            extra={"context": context, "snapshot": item.identity, "files": len(missing)},
+        )
+        storage = self._storage(self._write_bucket(context))
+        encoded = Path(item.encoded)
+        for key in missing:
+            relative = key.removeprefix(f"{item.identity}/")
+            try:
+                await storage.put_file(key, encoded / relative)
+            except (HotloadError, OSError) as err:
+                log.info(
+                    "could not write a late file again; waiting for replication",
+                    extra={"context": context, "key": key, "error": str(err)[:200]},
+                )
+                return
 
     def _storage(self, bucket: RegionBucket) -> Storage:
         storage = self._storages.get(bucket.key)
