@@ -18,7 +18,9 @@
   logits, computed single-threaded, and the last position's values),
   ``GET /admin/weights_digest`` (sha256 of the served weights in the storage dtype) and
   ``POST /admin/swap_delay {seconds}`` (a slow engine: the time between reading a load's
-  files and swapping them in, for fault-injection tests).
+  files and swapping them in, for fault-injection tests) and ``POST /admin/token_delay
+  {seconds}`` (a slow generation: a pause before every token, so a test's long stream
+  outlasts a drain limit whatever the machine's speed).
 """
 
 from __future__ import annotations
@@ -277,6 +279,11 @@ def create_app(runtime: ReferenceRuntime, *, served_name: str, root: Path | None
     async def swap_delay(body: SwapDelayRequest) -> dict[str, Any]:
         runtime.swap_delay_s = body.seconds
         return {"swap_delay_s": runtime.swap_delay_s}
+
+    @app.post("/admin/token_delay")
+    async def token_delay(body: SwapDelayRequest) -> dict[str, Any]:
+        runtime.token_delay_s = body.seconds
+        return {"token_delay_s": runtime.token_delay_s}
 
     @app.get("/admin/weights_digest")
     async def weights_digest() -> dict[str, Any]:

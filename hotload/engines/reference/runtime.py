@@ -163,6 +163,9 @@ class ReferenceRuntime:
         """True once weights were loaded (``--weights`` or a swap), not the seeded init."""
         self.loading: str | None = None
         """The identity being loaded right now, if any."""
+        self.token_delay_s = 0.0
+        """Seconds to wait before computing each token (``POST /admin/token_delay``): a
+        slow generation for tests whose stream must outlast a drain limit."""
         self.swap_delay_s = 0.0
         """Seconds between reading a load's files (or patching a delta's) and swapping
         them in: a slow engine, set through ``POST /admin/swap_delay`` by
@@ -454,6 +457,8 @@ class ReferenceRuntime:
         self, ids: Sequence[int], kv: DynamicCache | None
     ) -> tuple[torch.Tensor, DynamicCache, str]:
         while True:
+            if self.token_delay_s:
+                await asyncio.sleep(self.token_delay_s)
             await self._flow.wait()
             async with self.model_lock:
                 if not self._flow.is_set():

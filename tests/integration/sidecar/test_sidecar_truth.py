@@ -189,6 +189,15 @@ async def swap_delay(replica: Replica, seconds: float) -> None:
         response.raise_for_status()
 
 
+async def token_delay(replica: Replica, seconds: float) -> None:
+    """Make the engine slow to generate (a pause before every token)."""
+    async with httpx.AsyncClient(trust_env=False) as client:
+        response = await client.post(
+            f"{replica.engine_url}/admin/token_delay", json={"seconds": seconds}, timeout=10
+        )
+        response.raise_for_status()
+
+
 async def stream_labels(replica: Replica, max_tokens: int) -> tuple[str | None, list[str]]:
     """A streamed completion through the front: its header and every chunk's ``model``."""
     body = {
@@ -522,9 +531,25 @@ async def test_8_a_sync_drain_has_a_limit_and_refusals_name_the_policy(fleet: Fl
     old = await fresh_delta(fleet)
     await converge(fleet, "slow", [replica], old)
     new = await fresh_delta(fleet)
-    stream = asyncio.create_task(stream_labels(replica, 2000))
-    await asyncio.sleep(1.0)
-    harness.set_target("slow", new.ref())
+    # ~10 s of tokens, far beyond the 3 s drain limit on any machine.
+    await token_delay(replica, 0.005)
+    try:
+        stream = asyncio.create_task(stream_labels(replica, 2000))
+        await asyncio.sleep(1.0)
+        harness.set_target("slow", new.ref())
+        await _drain_is_limited(fleet, replica, old, new, stream)
+    finally:
+        await token_delay(replica, 0.0)
+
+
+async def _drain_is_limited(
+    fleet: Fleet,
+    replica: Replica,
+    old: PublishedSnapshot,
+    new: PublishedSnapshot,
+    stream: asyncio.Task[tuple[str | None, list[str]]],
+) -> None:
+    harness = fleet.harness
 
     async def draining() -> bool:
         # "Draining" names the wait; a sidecar without the phase said "Swapping".
