@@ -439,3 +439,12 @@ class SidecarHarness:
                 },
                 timeout=60,
             )
+
+
+async def token_delay(replica: Replica, seconds: float) -> None:
+    """Make the engine slow to generate (a pause before every token)."""
+    async with httpx.AsyncClient(trust_env=False) as client:
+        response = await client.post(
+            f"{replica.engine_url}/admin/token_delay", json={"seconds": seconds}, timeout=10
+        )
+        response.raise_for_status()

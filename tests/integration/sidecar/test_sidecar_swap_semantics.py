@@ -16,6 +16,7 @@ from tests.integration.sidecar.harness import (
     SidecarHarness,
     eventually,
     rollout_deployment,
+    token_delay,
 )
 
 pytestmark = pytest.mark.cluster
@@ -66,6 +67,8 @@ async def test_sync_swap_answers_425_and_the_retry_gets_the_new_policy(
     replica = await harness.replica("sync-0", "sync")
     old, new = await _ready_at(harness, replica, trainer, "sync")
 
+    # ~10 s of tokens: long enough to see the drain on any machine, within its 60 s limit.
+    await token_delay(replica, 0.05)
     started = asyncio.Event()
     in_flight = asyncio.create_task(_stream(replica, started))
     await asyncio.wait_for(started.wait(), 30)
@@ -74,7 +77,10 @@ async def test_sync_swap_answers_425_and_the_retry_gets_the_new_policy(
     async def draining() -> bool:
         return (await harness.status(replica))["phase"] == "Draining"
 
-    await eventually(draining, timeout=30, what="the SYNC swap to wait for the stream")
+    try:
+        await eventually(draining, timeout=30, what="the SYNC swap to wait for the stream")
+    finally:
+        await token_delay(replica, 0.0)
     early = await harness.complete(replica, headers=SESSION)
     assert early.status_code == 425, early.text
     assert int(early.headers["retry-after"]) >= 1

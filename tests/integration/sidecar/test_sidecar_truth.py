@@ -41,6 +41,7 @@ from tests.integration.sidecar.harness import (
     SidecarHarness,
     eventually,
     rollout_deployment,
+    token_delay,
 )
 
 pytestmark = pytest.mark.cluster
@@ -185,15 +186,6 @@ async def swap_delay(replica: Replica, seconds: float) -> None:
     async with httpx.AsyncClient(trust_env=False) as client:
         response = await client.post(
             f"{replica.engine_url}/admin/swap_delay", json={"seconds": seconds}, timeout=10
-        )
-        response.raise_for_status()
-
-
-async def token_delay(replica: Replica, seconds: float) -> None:
-    """Make the engine slow to generate (a pause before every token)."""
-    async with httpx.AsyncClient(trust_env=False) as client:
-        response = await client.post(
-            f"{replica.engine_url}/admin/token_delay", json={"seconds": seconds}, timeout=10
         )
         response.raise_for_status()
 
