@@ -9,7 +9,7 @@ import pytest
 
 from hotload.api import SnapshotKind
 from tests.fixtures.trainer import PROBE_TOKENS, Trainer
-from tests.integration.sidecar.harness import SidecarHarness, rollout_deployment
+from tests.integration.sidecar.harness import SidecarHarness, eventually, rollout_deployment
 
 pytestmark = pytest.mark.cluster
 
@@ -39,8 +39,13 @@ async def test_full_then_five_deltas_reach_the_replica_bit_exact(
         assert served["identity"] == snapshot.identity
         assert served["sha256"] == trainer.expected_logits(snapshot).sha256
 
-    gate = harness.gate("chain-0")
-    assert gate is not None and gate.status == "True" and gate.reason == "Verified"
+    # The condition is a patch of its own, after the annotations'.
+    gate = await eventually(
+        lambda: (g := harness.gate("chain-0")) is not None and g.status == "True" and g,
+        timeout=30,
+        what="the gate to say True",
+    )
+    assert gate.reason == "Verified"
     status = await harness.status(replica)
     assert status["current"]["identity"] == published[-1].identity
     assert [h["identity"] for h in status["history"][:6]] == [

@@ -69,8 +69,12 @@ async def test_corrupt_delta_keeps_last_good_snapshot_until_a_full_recovers(
     response = await harness.complete(replica)
     assert response.json()["model"] == f"corrupt@{good.identity}"
     # Serving its last good snapshot, the pod stays in its Service.
-    gate = harness.gate("corrupt-0")
-    assert gate is not None and gate.status == "True"
+    # (The condition is a patch of its own, after the annotations'.)
+    await eventually(
+        lambda: (g := harness.gate("corrupt-0")) is not None and g.status == "True",
+        timeout=30,
+        what="the gate to stay True",
+    )
     served = await harness.engine_logits(replica, PROBE_TOKENS)
     assert served["sha256"] == trainer.expected_logits(good).sha256
 
@@ -110,8 +114,9 @@ async def test_a_listed_file_not_there_yet_is_retried_until_it_arrives(
         return error.get("reason") == "NotFound" and error.get("transient") is True
 
     await eventually(retrying, timeout=30, what="a NotFound being retried")
-    annotations = harness.annotations("late-file-0")
-    assert annotations["hotload.dev/state"] == "Loading"
+    # The Pod's annotations follow the agent's report asynchronously (the writer patches
+    # after the fact): wait for them, they must say Loading while the file is missing.
+    annotations = await harness.wait_state(replica, delta.identity, "Loading", timeout=30)
     assert annotations["hotload.dev/snapshot"] == full.identity
     # Two steps behind with maxStaleSteps 1: the readiness gate chooses freshness.
     stale = await eventually(

@@ -93,8 +93,8 @@ async def test_download_survives_a_storage_outage_and_completes(
         return error.get("reason") == "StorageUnavailable"
 
     await eventually(failing, timeout=60, what="the outage to be reported")
-    annotations = harness.annotations("outage-0")
-    assert annotations["hotload.dev/state"] == "Loading"
+    # The annotations follow the agent's report asynchronously: wait for them.
+    await harness.wait_state(replica, full.identity, "Loading", timeout=30)
     assert (await harness.engine_identity(replica))["identity"] == "init"
 
     toxiproxy.fast()
