@@ -12,6 +12,7 @@ def decode_chunk(
     changes: int,
     positions_out: Buffer,
     values_out: Buffer,
+    simd: bool = True,
 ) -> None: ...
 def encode_chunk(
     prev: Buffer,
@@ -24,3 +25,5 @@ def encode_chunk(
     positions: Buffer,
     values: Buffer,
 ) -> bytes: ...
+
+SIMD: int

@@ -33,6 +33,9 @@ except ImportError:  # pragma: no cover - depends on how the checkout was instal
 NATIVE: Final = _BUILT
 """Whether the native kernels are in use."""
 
+SIMD: Final = _BUILT and bool(_context.SIMD)
+"""Whether the native decode takes its AVX2 path on this CPU (the portable loop else)."""
+
 
 def decode_chunk(
     previous: np.ndarray,
@@ -42,10 +45,12 @@ def decode_chunk(
     *,
     what: str,
     native: bool = NATIVE,
+    simd: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(positions in the chunk as uint32, zigzag differences as words) of its changes.
 
-    ``previous`` holds the chunk's previous words (C-contiguous, unsigned).
+    ``previous`` holds the chunk's previous words (C-contiguous, unsigned). ``simd=False``
+    keeps the native kernel on its portable loop (same results: tests compare all three).
     """
     previous = np.ascontiguousarray(previous)
     try:
@@ -64,6 +69,7 @@ def decode_chunk(
                 changes,
                 positions.data,
                 values.data,
+                simd,
             )
             return positions, values
         return context_reference.decode_chunk(previous, model, bytes(stream), changes)

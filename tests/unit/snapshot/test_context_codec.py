@@ -2,7 +2,9 @@
 
 The native kernels (``_context.c``) and the Python reference must write the same bytes
 and accept exactly the same streams: the reference is the specification in code, and
-the fallback where the extension is not built.
+the fallback where the extension is not built. The native decode has two loops (AVX2
+where the CPU has it, the portable one elsewhere): both run here on every stream, with
+the same errors word for word.
 """
 
 from __future__ import annotations
@@ -24,6 +26,12 @@ from hotload.snapshot.codec.varint import write_varint
 
 DTYPES = {1: "F8_E4M3", 2: "BF16", 4: "F32", 8: "F64"}
 BACKENDS = [False, *([True] if context_kernels.NATIVE else [])]
+#: (native, simd) decoders: the reference, the native portable loop, the native AVX2 loop.
+DECODERS = [
+    (False, False),
+    *([(True, False)] if context_kernels.NATIVE else []),
+    *([(True, True)] if context_kernels.SIMD else []),
+]
 
 
 def step_like(n: int, width: int, seed: int, fraction: float) -> tuple[np.ndarray, np.ndarray]:
@@ -58,12 +66,15 @@ def encode_with(
         context_kernels.encode_chunk = original  # type: ignore[assignment]
 
 
-def decode_with(native: bool, payload: bytes, old: np.ndarray, changed: int | None) -> np.ndarray:
+def decode_with(
+    decoder: tuple[bool, bool], payload: bytes, old: np.ndarray, changed: int | None
+) -> np.ndarray:
+    native, simd = decoder
     out = old.copy()
     original = context_kernels.decode_chunk
     try:
         context_kernels.decode_chunk = (  # type: ignore[assignment]
-            lambda *args, **kwargs: original(*args, **kwargs, native=native)
+            lambda *args, **kwargs: original(*args, **kwargs, native=native, simd=simd)
         )
         decode_tensor(CodecId.CONTEXT, payload, out, tensor="t", changed=changed)
     finally:
@@ -90,8 +101,23 @@ def test_round_trip_is_bit_exact_and_the_kernels_agree(
     assert len(set(payloads.values())) == 1, "native and Python kernels wrote different bytes"
     payload = payloads[False]
     changed = int(np.count_nonzero(new != old))
-    for native in BACKENDS:
-        assert np.array_equal(decode_with(native, payload, old, changed), new)
+    for decoder in DECODERS:
+        assert np.array_equal(decode_with(decoder, payload, old, changed), new), decoder
+
+
+@pytest.mark.parametrize("width", [1, 2, 4, 8])
+@pytest.mark.parametrize("classes", [1, 8])
+@pytest.mark.parametrize("n", [64 * 1000 + 37, 200_003])
+def test_long_sparse_chunks_decode_alike(width: int, classes: int, n: int) -> None:
+    """Gaps spanning thousands of 64-element blocks, changes at a chunk's first and last
+    elements, and tails shorter than a block: the loops that count 64 at a time agree."""
+    old, new = step_like(n, width, n + width, 0.00005)
+    for at in (0, 1, 63, 64, n - 65, n - 1):
+        new[at] = old[at] ^ 1
+    payload = encode_with(False, old, new, n, classes, DTYPES[width])
+    changed = int(np.count_nonzero(new != old))
+    for decoder in DECODERS:
+        assert np.array_equal(decode_with(decoder, payload, old, changed), new), decoder
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
@@ -109,13 +135,17 @@ def test_corrupted_streams_are_refused_alike(data: st.DataObject, seed: int) -> 
         del payload[data.draw(st.integers(0, len(payload) - 1)) :]
     else:
         payload += bytes(data.draw(st.binary(min_size=1, max_size=4)))
-    outcomes = []
-    for native in BACKENDS:
+    outcomes: dict[tuple[bool, bool], bytes | str] = {}
+    for decoder in DECODERS:
         try:
-            outcomes.append(decode_with(native, bytes(payload), old, None).tobytes())
-        except DecodeFailed:
-            outcomes.append(b"refused")
-    assert len(set(outcomes)) == 1
+            outcomes[decoder] = decode_with(decoder, bytes(payload), old, None).tobytes()
+        except DecodeFailed as err:
+            outcomes[decoder] = str(err) if decoder[0] else "refused"
+    refused = {d: isinstance(o, str) for d, o in outcomes.items()}
+    assert len(set(refused.values())) == 1, outcomes
+    # The two native loops agree word for word, errors included.
+    native = {o for d, o in outcomes.items() if d[0]}
+    assert len(native) <= 1, outcomes
 
 
 def model_payload(model_bytes: bytes, numel: int = 10) -> bytes:
@@ -196,3 +226,14 @@ def test_native_kernels_are_built_where_the_package_is_installed() -> None:
     in use, or every context-coded tensor would decode at Python speed unnoticed."""
     if os.environ.get("CI"):
         assert context_kernels.NATIVE
+        if _cpu_has("avx2", "bmi2", "popcnt"):
+            assert context_kernels.SIMD, "the AVX2 decode is not in use on an AVX2 CPU"
+
+
+def _cpu_has(*flags: str) -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
+            line = next((raw for raw in cpuinfo if raw.startswith("flags")), "")
+    except OSError:
+        return False
+    return set(flags) <= set(line.split())
