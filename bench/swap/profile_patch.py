@@ -10,6 +10,10 @@ the engine's floor (its load of the snapshot's directory) in both conditions.
 
     ~/.cache/hotload/venv/bin/python -m bench.swap.profile_patch \
         --size bench/swap/model-144m.json --deltas 3 --lr 1e-6 [--cache DIR] [--profile]
+        [--portable-decode]
+
+``--portable-decode`` keeps the context codec's native kernel on its portable loop (no
+AVX2): the baseline of the AVX2 decode, run the same way.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import functools
 import json
 import pstats
 import statistics
@@ -31,6 +36,7 @@ from hotload.engines.reference.runtime import GenerationRequest, GenerationStats
 from hotload.engines.reference.tokenizer import encode as tokens_of
 from hotload.local.trainer import PolicyTrainer
 from hotload.snapshot import encode
+from hotload.snapshot.codec import context_kernels
 
 
 def fixtures(size: str, lr: float, deltas: int, cache: Path) -> list[tuple[Path, Path]]:
@@ -152,7 +158,15 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path("/tmp/hotload-profile-patch"))
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--nice", type=int, default=0, help="the patch thread's nice")
+    parser.add_argument(
+        "--portable-decode", action="store_true", help="the context kernel without AVX2"
+    )
     args = parser.parse_args()
+    if args.portable_decode:
+        context_kernels.decode_chunk = functools.partial(  # type: ignore[assignment]
+            context_kernels.decode_chunk, simd=False
+        )
+    print(json.dumps({"portable_decode": args.portable_decode, "simd": context_kernels.SIMD}))
     results = asyncio.run(run(args))
     for condition in ("idle", "streaming"):
         deltas = [d for d in results["deltas"] if d["condition"] == condition]
