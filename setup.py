@@ -1,4 +1,5 @@
-"""Builds the one native module of hotload (the context codec's kernels).
+"""Builds hotload's native modules: the context codec's kernels, and the reference
+engine's spare widening (each has a pure-Python fallback with the same results).
 
 Everything else is in pyproject.toml; setuptools reads the extension from here because
 pyproject.toml cannot declare one portably. ``pip install -e .`` compiles it in place;
@@ -7,12 +8,19 @@ in a work tree without an install, ``python setup.py build_ext --inplace`` does.
 
 from setuptools import Extension, setup
 
+FLAGS = ["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+
 setup(
     ext_modules=[
         Extension(
             "hotload.snapshot.codec._context",
             sources=["hotload/snapshot/codec/_context.c"],
-            extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
-        )
+            extra_compile_args=FLAGS,
+        ),
+        Extension(
+            "hotload.engines.reference._spare",
+            sources=["hotload/engines/reference/_spare.c"],
+            extra_compile_args=FLAGS,
+        ),
     ]
 )

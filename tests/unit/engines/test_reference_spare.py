@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,7 +19,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hotload.api import SnapshotKind
+from hotload.engines.reference import _spare
 from hotload.engines.reference import model as rm
+from hotload.engines.reference import spare as spare_module
 from hotload.engines.reference.runtime import ReferenceRuntime
 from hotload.engines.reference.spare import SpareParameters, WrittenElements
 from hotload.errors import EngineRejected
@@ -130,15 +133,55 @@ async def test_a_refused_delta_leaves_the_next_ones_exact(
 
 
 async def test_dense_deltas_rewrite_the_spare_whole_and_stay_exact(
-    serving: tuple[ReferenceRuntime, Chain],
+    serving: tuple[ReferenceRuntime, Chain], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Deltas touching more than WHOLE_FRACTION of the elements take the whole-tensor
     path of the catch-up; fewer take the element path (the other tests): both exact."""
     runtime, chain = serving
+    whole: list[str] = []
+    original = spare_module._widen_whole
+
+    def spy(target: torch.Tensor, source: torch.Tensor) -> None:
+        whole.append(str(source.shape))
+        original(target, source)
+
+    monkeypatch.setattr(spare_module, "_widen_whole", spy)
     for _ in range(3):
-        path, identity = chain.delta(fraction=0.1)
+        path, identity = chain.delta(fraction=min(0.9, 1.5 * spare_module.WHOLE_FRACTION))
         await runtime.apply_delta(path, identity)
         assert_serves(runtime, chain.weights[-1])
+    assert whole, "no tensor took the whole-tensor path"
+
+
+def test_the_native_widening_writes_the_same_bits_as_numpy_and_checks_positions() -> None:
+    """The C loop (``_spare.c``) and the numpy fallback widen the same bf16 bits to the
+    same float32 bits at the same positions, specials included; a position outside the
+    tensor is refused, never written."""
+    if not spare_module.NATIVE:
+        pytest.fail("the native spare kernel is not built (python setup.py build_ext --inplace)")
+    rng = np.random.default_rng(7)
+    words = rng.integers(0, 1 << 16, 5000, dtype=np.uint16)
+    words[:4] = [0x7F80, 0xFF80, 0x7FC1, 0x8000]  # +inf, -inf, a NaN payload, -0
+    source = torch.from_numpy(words.view(np.int16)).view(torch.bfloat16)
+    positions = np.sort(rng.choice(5000, 700, replace=False)).astype(np.int64)
+    positions[:4] = [0, 1, 2, 3]
+    outputs = []
+    for native in (False, True):
+        target = torch.zeros(5000, dtype=torch.float32)
+        spare_module._copy_elements(target, source, positions, [(4990, 10)], native=native)
+        outputs.append(target.view(torch.int32).numpy().copy())
+    assert np.array_equal(outputs[0], outputs[1])
+    expected = np.zeros(5000, dtype=np.uint32)
+    for index in [*positions, *range(4990, 5000)]:
+        expected[index] = np.uint32(words[index]) << np.uint32(16)
+    assert np.array_equal(outputs[1].view(np.uint32), expected)
+    out = np.zeros(5000, dtype=np.uint32)
+    for bad in (-1, 5000):
+        with pytest.raises(ValueError, match="outside the tensor"):
+            _spare.widen_bf16_at(out, words, np.array([bad], dtype=np.int64))
+    with pytest.raises(ValueError, match="4 bytes per 2-byte word"):
+        _spare.widen_bf16_at(out[:10], words, positions)
+    assert not out.any()
 
 
 async def test_a_directory_load_drops_the_spare(serving: tuple[ReferenceRuntime, Chain]) -> None:
@@ -155,8 +198,11 @@ async def test_a_directory_load_drops_the_spare(serving: tuple[ReferenceRuntime,
         assert_serves(runtime, chain.weights[-1])
 
 
+@pytest.mark.parametrize("positions_dtype", [np.uint32, np.int64])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_catch_up_writes_both_deltas_sparse_and_whole_ranges(dtype: torch.dtype) -> None:
+def test_catch_up_writes_both_deltas_sparse_and_whole_ranges(
+    dtype: torch.dtype, positions_dtype: type[np.integer[Any]]
+) -> None:
     """The spare, two steps behind, takes the previous delta's ranges and this one's:
     positions (widened on the words for bf16, through torch otherwise) and whole ranges."""
     generator = torch.Generator().manual_seed(0)
@@ -175,7 +221,12 @@ def test_catch_up_writes_both_deltas_sparse_and_whole_ranges(dtype: torch.dtype)
         )
         for i in where:
             flat[i] = flat[i] + 1
-        elements.heard(name, start, None if positions is None else np.array(positions), length)
+        elements.heard(
+            name,
+            start,
+            None if positions is None else np.array(positions, dtype=positions_dtype),
+            length,
+        )
 
     first = WrittenElements()
     write(first, "a", 0, [1, 5, 99])
