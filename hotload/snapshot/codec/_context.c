@@ -47,9 +47,22 @@ typedef struct {
     int nbits;
 } Reader;
 
+/* Called with fewer than 32 bits held. Bits above nbits stay zero (read_unary relies on
+ * it). With 8 bytes left, one unaligned load takes as many whole bytes as fit. */
 static inline void
 refill(Reader *r)
 {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (r->end - r->p >= 8) {
+        uint64_t word;
+        memcpy(&word, r->p, 8);
+        int take = (63 - r->nbits) >> 3;
+        r->buf |= (word << r->nbits) & ((((uint64_t)1 << (8 * take)) - 1) << r->nbits);
+        r->p += take;
+        r->nbits += 8 * take;
+        return;
+    }
+#endif
     while (r->nbits <= 56 && r->p < r->end) {
         r->buf |= (uint64_t)(*r->p++) << r->nbits;
         r->nbits += 8;
@@ -106,28 +119,46 @@ read_unary(Reader *r, uint64_t limit, uint64_t *out)
     }
 }
 
+/* A class's Golomb code in one chunk: its parameter and what follows from it, computed
+ * once per chunk (a division per gap read was a measurable share of the decode). */
+typedef struct {
+    uint64_t m;
+    uint64_t limit;  /* the largest value allowed (the chunk's length) */
+    uint64_t qlimit; /* limit / m + 1: the longest unary quotient read */
+    uint64_t cut;    /* truncated binary: (1 << b) - m */
+    int b;           /* ceil(log2 m) */
+} Golomb;
+
+static inline void
+golomb_init(Golomb *g, uint64_t m, uint64_t limit)
+{
+    g->m = m;
+    g->limit = limit;
+    g->qlimit = limit / m + 1;
+    g->b = m == 1 ? 0 : 64 - __builtin_clzll(m - 1);
+    g->cut = m == 1 ? 0 : ((uint64_t)1 << g->b) - m;
+}
+
 static inline int
-read_golomb(Reader *r, uint64_t m, uint64_t limit, uint64_t *out)
+read_golomb(Reader *r, const Golomb *g, uint64_t *out)
 {
     uint64_t q, low;
-    if (read_unary(r, limit / m + 1, &q) < 0)
+    if (read_unary(r, g->qlimit, &q) < 0)
         return -1;
-    if (m == 1) {
+    if (g->m == 1) {
         *out = q;
     } else {
-        int b = 64 - __builtin_clzll(m - 1); /* ceil(log2 m) */
-        uint64_t cut = ((uint64_t)1 << b) - m;
-        if (read_bits(r, b - 1, &low) < 0)
+        if (read_bits(r, g->b - 1, &low) < 0)
             return -1;
-        if (low >= cut) {
+        if (low >= g->cut) {
             uint64_t extra;
             if (read_bits(r, 1, &extra) < 0)
                 return -1;
-            low = ((low << 1) | extra) - cut;
+            low = ((low << 1) | extra) - g->cut;
         }
-        *out = q * m + low;
+        *out = q * g->m + low;
     }
-    return *out > limit ? -1 : 0;
+    return *out > g->limit ? -1 : 0;
 }
 
 /* Exp-Golomb of order k (value >= 0), at most 64 value bits. */
@@ -380,7 +411,7 @@ store_word(uint8_t *base, int width, Py_ssize_t i, uint64_t value)
         pos_out[found] = (uint32_t)(I);                                                   \
         store_word(val_out, p.width, found, 2 * magnitude - sign);                        \
         found++;                                                                          \
-        if (read_golomb(&r, p.golomb[c_], (uint64_t)n, &gap) < 0) {                       \
+        if (read_golomb(&r, &codes[c_], &gap) < 0) {                                      \
             error = "context stream has a malformed gap";                                 \
             goto done;                                                                    \
         }                                                                                 \
@@ -469,10 +500,13 @@ run_decode(Decode *d)
     uint64_t ones[1 << MAX_KEY_BITS];
     for (int key = 0; key < (1 << p.key_bits); key++)
         ones[key] = (uint64_t)1 << (8 * p.table[key]);
+    Golomb codes[MAX_CLASSES];
+    for (int c = 0; c < p.classes; c++)
+        golomb_init(&codes[c], p.golomb[c], (uint64_t)n);
     for (int c = 0; c < MAX_CLASSES; c++) {
         left[c] = 0;
         if (c < p.classes) {
-            if (read_golomb(&r, p.golomb[c], (uint64_t)n, &gap) < 0)
+            if (read_golomb(&r, &codes[c], &gap) < 0)
                 return "context stream has a malformed first gap";
             left[c] = gap;
         }
@@ -595,19 +629,26 @@ run_decode_simd(Decode *d, const uint8_t *cls)
     uint32_t *pos_out = d->pos_out;
     uint8_t *val_out = d->val_out;
     Reader r = d->r;
+    Golomb codes[MAX_CLASSES];
+    for (int c = 0; c < p.classes; c++)
+        golomb_init(&codes[c], p.golomb[c], (uint64_t)n);
     for (int c = 0; c < p.classes; c++) {
-        if (read_golomb(&r, p.golomb[c], (uint64_t)n, &gap) < 0)
+        if (read_golomb(&r, &codes[c], &gap) < 0)
             return "context stream has a malformed first gap";
         LOCATE(c, 0, gap);
+    }
+    for (int c = p.classes; c < MAX_CLASSES; c++) {
+        next[c] = n; /* unused classes never come next: the loop below runs over all 8 */
+        left[c] = 0;
     }
     for (;;) {
         int c = 0;
         Py_ssize_t i = next[0];
-        for (int k = 1; k < p.classes; k++)
-            if (next[k] < i) {
-                i = next[k];
-                c = k;
-            }
+        for (int k = 1; k < MAX_CLASSES; k++) {
+            int nearer = next[k] < i;
+            i = nearer ? next[k] : i;
+            c = nearer ? k : c;
+        }
         if (i >= n)
             break;
         if (found == changes)
@@ -627,7 +668,7 @@ run_decode_simd(Decode *d, const uint8_t *cls)
         pos_out[found] = (uint32_t)i;
         store_word(val_out, p.width, found, 2 * magnitude - sign);
         found++;
-        if (read_golomb(&r, p.golomb[c], (uint64_t)n, &gap) < 0)
+        if (read_golomb(&r, &codes[c], &gap) < 0)
             return "context stream has a malformed gap";
         LOCATE(c, i + 1, gap);
     }
@@ -639,6 +680,28 @@ run_decode_simd(Decode *d, const uint8_t *cls)
 /* Whether run_decode_simd runs on this CPU (set once, at import). */
 static int simd_usable = 0;
 
+#ifdef HAVE_SIMD
+/* Each decoding thread's class array, kept between chunks: a fresh allocation of a
+ * chunk's size per call was mostly the kernel zeroing new pages. It grows to the largest
+ * chunk the thread decodes (1 MiB at the default chunk size, MAX_CHUNK_ELEMENTS bytes at
+ * most) and lives as long as the thread. */
+static _Thread_local uint8_t *scratch = NULL;
+static _Thread_local size_t scratch_size = 0;
+
+static uint8_t *
+class_scratch(size_t n)
+{
+    if (n > scratch_size) {
+        uint8_t *grown = realloc(scratch, n);
+        if (grown == NULL)
+            return NULL;
+        scratch = grown;
+        scratch_size = n;
+    }
+    return scratch;
+}
+#endif
+
 /* The decode, on the fast path where it runs; the class array is the chunk's size. */
 static const char *
 decode_any(Decode *d, int want_simd)
@@ -646,15 +709,13 @@ decode_any(Decode *d, int want_simd)
 #ifdef HAVE_SIMD
     if (want_simd && simd_usable) {
         uint8_t *cls = NULL;
-        if (d->p->classes > 1) {
-            cls = malloc((size_t)(d->n > 0 ? d->n : 1));
+        if (d->p->classes > 1 && d->n > 0) {
+            cls = class_scratch((size_t)d->n);
             if (cls == NULL)
                 return run_decode(d);
             classes_of(d->p, d->prev, d->n, cls);
         }
-        const char *error = run_decode_simd(d, cls);
-        free(cls);
-        return error;
+        return run_decode_simd(d, cls);
     }
 #endif
     return run_decode(d);
