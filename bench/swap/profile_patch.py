@@ -10,33 +10,63 @@ the engine's floor (its load of the snapshot's directory) in both conditions.
 
     ~/.cache/hotload/venv/bin/python -m bench.swap.profile_patch \
         --size bench/swap/model-144m.json --deltas 3 --lr 1e-6 [--cache DIR] [--profile]
-        [--portable-decode]
+        [--portable-decode] [--split]
 
 ``--portable-decode`` keeps the context codec's native kernel on its portable loop (no
-AVX2): the baseline of the AVX2 decode, run the same way.
+AVX2): the baseline of the AVX2 decode, run the same way. ``--split`` prints, per delta,
+the thread-seconds of the patch's parts (decoding and writing the changes, summed over
+the decode threads; the tensors' hash checks; the spare's catch-up on its own thread).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import cProfile
 import functools
 import json
 import pstats
 import statistics
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hotload.api import SnapshotKind
 from hotload.engines.reference import model as rm
+from hotload.engines.reference import spare
 from hotload.engines.reference.runtime import GenerationRequest, GenerationStats, ReferenceRuntime
 from hotload.engines.reference.tokenizer import encode as tokens_of
 from hotload.local.trainer import PolicyTrainer
-from hotload.snapshot import encode
+from hotload.snapshot import encode, patching
 from hotload.snapshot.codec import context_kernels
+
+SPLIT: collections.defaultdict[str, float] = collections.defaultdict(float)
+_SPLIT_LOCK = threading.Lock()
+
+
+def _timed_part(part: str, call: Callable[..., Any]) -> Callable[..., Any]:
+    """``call``, adding its seconds to ``SPLIT[part]`` (from any thread)."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            with _SPLIT_LOCK:
+                SPLIT[part] += time.perf_counter() - started
+
+    return wrapper
+
+
+def split_parts() -> None:
+    """Time the patch's parts where they run (module functions, looked up at call time)."""
+    patching._apply = _timed_part("decode+write", patching._apply)  # type: ignore[assignment]
+    patching._check_patched = _timed_part("hash", patching._check_patched)  # type: ignore[assignment]
+    spare.CatchUp.tensor = _timed_part("catch-up", spare.CatchUp.tensor)  # type: ignore[method-assign]
 
 
 def fixtures(size: str, lr: float, deltas: int, cache: Path) -> list[tuple[Path, Path]]:
@@ -128,9 +158,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             for i in range(1, args.deltas + 1):
                 if profiler is not None and condition == "streaming":
                     profiler.enable()
+                SPLIT.clear()
                 done = await timed(runtime.apply_delta(steps[i][1], f"p-{i}"), stream)
                 if profiler is not None:
                     profiler.disable()
+                if SPLIT:
+                    done["split_s"] = {part: round(s, 4) for part, s in SPLIT.items()}
                 results["deltas"].append({"condition": condition, "delta": i, **done})
                 print(json.dumps(results["deltas"][-1]), flush=True)
         print(json.dumps([f for f in results["floor"] if f["condition"] == condition]))
@@ -161,7 +194,10 @@ def main() -> None:
     parser.add_argument(
         "--portable-decode", action="store_true", help="the context kernel without AVX2"
     )
+    parser.add_argument("--split", action="store_true", help="time the patch's parts")
     args = parser.parse_args()
+    if args.split:
+        split_parts()
     if args.portable_decode:
         context_kernels.decode_chunk = functools.partial(  # type: ignore[assignment]
             context_kernels.decode_chunk, simd=False
