@@ -36,7 +36,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -192,6 +192,8 @@ class ReferenceRuntime:
         self._active = 0
         self._idle = asyncio.Condition()
         self._loading = False
+        self._unwaited: set[asyncio.Future[LoadReport]] = set()
+        """Loads and patches running (:meth:`_to_the_end`): a reference keeps each alive."""
         self.swaps = 0
         self.deltas_applied = 0
         """Deltas patched in place (``apply_delta``) since the start."""
@@ -275,6 +277,27 @@ class ReferenceRuntime:
         else:  # own copies: the loaded tensors may be views of the snapshot's files
             self._storage = {name: tensors[name].detach().clone() for name in parameters}
 
+    async def _to_the_end(self, work: Coroutine[Any, Any, LoadReport]) -> LoadReport:
+        """Run a load or a patch to its end even when its caller is cancelled.
+
+        Both change state in steps that must go together (held bits, parameters, identity,
+        digest), some of them on threads a cancellation cannot stop: a caller cancelled
+        midway would leave, say, patched held bits under the old parameters and the old
+        name. So the work runs as its own task; a cancelled caller stops waiting for it,
+        and it finishes (or fails whole) as if nobody had left. Its outcome is then only
+        in the engine's report (what a sidecar asks next), and in the log."""
+        task = asyncio.ensure_future(work)
+        self._unwaited.add(task)
+        task.add_done_callback(self._ended)
+        return await asyncio.shield(task)
+
+    def _ended(self, task: asyncio.Future[LoadReport]) -> None:
+        self._unwaited.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # Retrieved here so that a failure nobody awaited any more is still logged
+            # once, not reported by asyncio as never retrieved.
+            log.info("a load ended in failure", extra={"error": str(task.exception())})
+
     async def apply_delta(
         self, path: Path, identity: str, *, cache_policy: KvCachePolicy | None = None
     ) -> LoadReport:
@@ -284,8 +307,13 @@ class ReferenceRuntime:
         the snapshot's (only the changed elements are copied between two tokens), else
         between two tokens as a whole. ``LayoutChanged`` or ``EngineRejected`` leave the
         old weights serving, untouched. ``cache_policy`` is applied between the same two
-        tokens as the patch.
+        tokens as the patch. Runs to its end even if the caller is cancelled.
         """
+        return await self._to_the_end(self._apply_delta(path, identity, cache_policy))
+
+    async def _apply_delta(
+        self, path: Path, identity: str, cache_policy: KvCachePolicy | None
+    ) -> LoadReport:
         if self._loading:
             raise EngineBusy("another load is running", identity=identity)
         self._loading = True
@@ -368,7 +396,17 @@ class ReferenceRuntime:
         *,
         cache_policy: KvCachePolicy | None = None,
     ) -> LoadReport:
-        """Validate, then swap between two tokens; ``EngineRejected`` leaves the old weights."""
+        """Validate, then swap between two tokens; ``EngineRejected`` leaves the old weights.
+        Runs to its end even if the caller is cancelled."""
+        return await self._to_the_end(self._load(path, identity, kind, cache_policy))
+
+    async def _load(
+        self,
+        path: Path,
+        identity: str,
+        kind: SnapshotKind,
+        cache_policy: KvCachePolicy | None,
+    ) -> LoadReport:
         if self._loading:
             raise EngineBusy("another load is running", identity=identity)
         self._loading = True

@@ -9,6 +9,7 @@ patch — a spare that missed an element, or that aliased the served tensors, fa
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
 from typing import Any
@@ -240,3 +241,51 @@ def test_catch_up_writes_both_deltas_sparse_and_whole_ranges(
         assert torch.equal(fresh[name], tensor.to(torch.float32)), name
     assert spare.held == 0, "the spare is consumed until the swap hands it back"
     assert second.count() == 3 and first.count() == 53
+
+
+async def _cancelled_midway(runtime: ReferenceRuntime, call: Any) -> None:
+    """Start ``call``, cancel its caller while the engine waits between reading and
+    swapping (``swap_delay_s``), then wait until the engine's load is over."""
+    runtime.swap_delay_s = 0.3
+    task = asyncio.ensure_future(call)
+    while runtime.loading is None:
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    runtime.swap_delay_s = 0.0
+    deadline = asyncio.get_running_loop().time() + 30
+    while runtime.loading is not None:
+        assert asyncio.get_running_loop().time() < deadline, "the load never ended"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_patch_whose_caller_is_cancelled_still_ends_whole(
+    serving: tuple[ReferenceRuntime, Chain],
+) -> None:
+    """An in-process caller cancelled between the patch of the held bits and the swap:
+    the engine finishes the delta (held bits, parameters, identity and digest agree) —
+    it never serves old parameters while holding and naming other bits."""
+    runtime, chain = serving
+    path, identity = chain.delta()
+    await _cancelled_midway(runtime, runtime.apply_delta(path, identity))
+    assert runtime.identity == identity
+    assert_serves(runtime, chain.weights[-1])
+    assert await runtime.tensor_digest() == manifest_digest(read_manifest(path))
+    # and the chain goes on by deltas from there
+    path, identity = chain.delta()
+    await runtime.apply_delta(path, identity)
+    assert_serves(runtime, chain.weights[-1])
+
+
+async def test_a_load_whose_caller_is_cancelled_still_ends_whole(
+    serving: tuple[ReferenceRuntime, Chain],
+) -> None:
+    runtime, chain = serving
+    chain.delta()
+    await _cancelled_midway(
+        runtime, runtime.load(chain.weights[-1], "s-1-full", SnapshotKind.FULL)
+    )
+    assert runtime.identity == "s-1-full"
+    assert_serves(runtime, chain.weights[-1])
