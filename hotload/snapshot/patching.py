@@ -21,7 +21,7 @@ import numpy as np
 from hotload.api import SnapshotKind
 from hotload.errors import ChainBroken, ChecksumMismatch, DecodeFailed
 from hotload.snapshot.codec.tensor_codec import ChunkJob, plan_decode
-from hotload.snapshot.codec.transforms import unzigzag
+from hotload.snapshot.codec.transforms import apply_changes
 from hotload.snapshot.delta_files import DeltaFiles
 from hotload.snapshot.digest import tensor_hash
 from hotload.snapshot.dtypes import DTYPES
@@ -207,9 +207,13 @@ def _apply(name: str, job: ChunkJob, words: np.ndarray, undo: list[_Undo]) -> No
         positions, values = found
         if not len(positions):
             return
-        before = out[positions]
+        # One pass that checks every position before writing any, so the undo record
+        # (the words that were there) is complete whenever a word has changed.
+        try:
+            before = apply_changes(out, positions, values)
+        except ValueError as err:
+            raise DecodeFailed(str(err), tensor=name) from None
         undo.append(_Undo(name, out, positions, before, None, job.start))
-        out[positions] = before + unzigzag(values)
         return
     undo.append(_Undo(name, out, None, out.copy(), None, job.start))
     job.run(out)

@@ -26,4 +26,8 @@ def encode_chunk(
     values: Buffer,
 ) -> bytes: ...
 
+def apply_changes(
+    words: Buffer, width: int, positions: Buffer, position_width: int, zig: Buffer
+) -> None: ...
+
 SIMD: int

@@ -21,7 +21,7 @@ import numpy as np
 from hotload.errors import DecodeFailed
 from hotload.snapshot.codec import context, dense, sparse
 from hotload.snapshot.codec.context_model import MAX_CLASSES
-from hotload.snapshot.codec.transforms import unzigzag, zigzag_diff
+from hotload.snapshot.codec.transforms import apply_changes, zigzag_diff
 from hotload.snapshot.limits import DEFAULT_CHUNK_ELEMENTS, MAX_CHUNK_ELEMENTS
 from hotload.snapshot.manifest import CodecId
 
@@ -236,7 +236,10 @@ class ChunkJob:
         found = self.changes(out)
         if found is not None and len(found[0]):
             positions, values = found
-            out[positions] = out[positions] + unzigzag(values)
+            try:
+                apply_changes(out, positions, values)
+            except ValueError as err:
+                raise DecodeFailed(str(err), tensor=self.tensor) from None
 
 
 def plan_decode(

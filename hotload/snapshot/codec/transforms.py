@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
+try:
+    from hotload.snapshot.codec import _context
+except ImportError:  # pragma: no cover - depends on how the checkout was installed
+    _context = None  # type: ignore[assignment]
+
 _SIGNED = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 
 
@@ -32,3 +37,36 @@ def unzigzag(zig: np.ndarray) -> np.ndarray:
 def add_diff(out: np.ndarray, zig: np.ndarray) -> None:
     """``out += unzigzag(zig)`` in place, wrapping."""
     np.add(out, unzigzag(zig), out=out, casting="unsafe")
+
+
+def apply_changes(
+    out: np.ndarray, positions: np.ndarray, zig: np.ndarray, *, native: bool = True
+) -> np.ndarray:
+    """``out[positions] += unzigzag(zig)`` in place (wrapping); returns the words that were
+    there (a patch's undo record). ``zig`` may be consumed (natively, the previous words
+    are written over it). A position outside ``out`` raises ValueError (natively before
+    any write; numpy's IndexError is raised as one)."""
+    if (
+        native
+        and _context is not None
+        and out.flags.c_contiguous
+        and out.flags.writeable
+        and zig.dtype == out.dtype
+        and positions.dtype in (np.uint32, np.int64)
+    ):
+        zig = np.ascontiguousarray(zig)
+        if not zig.flags.writeable:
+            zig = zig.copy()
+        positions = np.ascontiguousarray(positions)
+        _context.apply_changes(
+            out.data, out.dtype.itemsize, positions.data, positions.dtype.itemsize, zig.data
+        )
+        return zig
+    try:
+        before: np.ndarray = out[positions]
+    except IndexError as err:
+        raise ValueError(
+            f"apply_changes: a change's position lies outside the words ({err})"
+        ) from None
+    out[positions] = before + unzigzag(zig)
+    return before

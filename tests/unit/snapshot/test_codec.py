@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hotload.errors import DecodeFailed
 from hotload.snapshot import CodecId, CodecOptions
 from hotload.snapshot.codec.tensor_codec import decode_tensor, encode_tensor
-from hotload.snapshot.codec.transforms import unzigzag, zigzag_diff
+from hotload.snapshot.codec.transforms import apply_changes, unzigzag, zigzag_diff
 from hotload.snapshot.codec.varint import Reader, write_varint
 
 WORDS = [np.uint8, np.uint16, np.uint32, np.uint64]
@@ -75,6 +75,47 @@ def test_zigzag_maps_one_ulp_moves_to_one_and_two() -> None:
     zig = zigzag_diff(new, old)
     assert zig.tolist() == [2, 1, 2, 1]
     assert np.array_equal((old + unzigzag(zig)).astype(np.uint16), new)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    width=st.sampled_from([1, 2, 4, 8]),
+    position_dtype=st.sampled_from([np.uint32, np.int64]),
+    n=st.integers(1, 2000),
+    seed=st.integers(0, 10_000),
+)
+def test_applying_changes_natively_matches_numpy_and_returns_the_undo(
+    width: int, position_dtype: type, n: int, seed: int
+) -> None:
+    """The native scatter (``_context.apply_changes``) and numpy's gather/add/scatter
+    write the same words, wrapping at the word's width, and both return what was there."""
+    rng = np.random.default_rng(seed)
+    word = np.dtype(f"u{width}")
+    old = rng.integers(0, 1 << min(63, 8 * width), n, dtype=np.uint64).astype(word)
+    positions = np.sort(rng.choice(n, rng.integers(1, n + 1), replace=False)).astype(
+        position_dtype
+    )
+    new = old.copy()
+    new[positions] = rng.integers(0, 1 << min(63, 8 * width), len(positions), dtype=np.uint64)
+    new[positions[:1]] = old[positions[:1]] - word.type(1)  # a wrap below zero
+    zig = zigzag_diff(new[positions], old[positions])
+    results = []
+    for native in (False, True):
+        out = old.copy()
+        before = apply_changes(out, positions, zig.copy(), native=native)
+        assert np.array_equal(out, new), native
+        assert np.array_equal(before, old[positions]), native
+        results.append(out)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_a_change_outside_the_words_is_refused_before_any_write(native: bool) -> None:
+    out = np.arange(10, dtype=np.uint16)
+    positions = np.array([2, 3, 10], dtype=np.int64)
+    with pytest.raises(ValueError, match="outside"):
+        apply_changes(out, positions, np.array([2, 2, 2], dtype=np.uint16), native=native)
+    if native:  # numpy's fancy assignment may have written before it refused
+        assert np.array_equal(out, np.arange(10, dtype=np.uint16))
 
 
 def test_new_tensor_without_previous_is_raw() -> None:
