@@ -294,8 +294,8 @@ class ReferenceRuntime:
     def _ended(self, task: asyncio.Future[LoadReport]) -> None:
         self._unwaited.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            # Retrieved here so that a failure nobody awaited any more is still logged
-            # once, not reported by asyncio as never retrieved.
+            # Retrieved here, or asyncio would report a failure whose caller had left as
+            # never retrieved; logged for that case (a caller still waiting gets it too).
             log.info("a load ended in failure", extra={"error": str(task.exception())})
 
     async def apply_delta(
