@@ -72,24 +72,6 @@ class WrittenElements:
         )
 
 
-def _copy_elements(
-    target: torch.Tensor,
-    source: torch.Tensor,
-    positions: np.ndarray,
-    whole: list[tuple[int, int]],
-    *,
-    native: bool = NATIVE,
-) -> None:
-    """``target[i] = source[i]`` widened (exact), for the positions and whole ranges given."""
-    _copy_ranges(
-        target,
-        source,
-        [WrittenRange(start, length, None) for start, length in whole]
-        + [WrittenRange(0, source.numel(), positions)],
-        native=native,
-    )
-
-
 def _copy_ranges(
     target: torch.Tensor, source: torch.Tensor, ranges: list[WrittenRange], *, native: bool
 ) -> None:

@@ -169,7 +169,11 @@ def test_the_native_widening_writes_the_same_bits_as_numpy_and_checks_positions(
     outputs = []
     for native in (False, True):
         target = torch.zeros(5000, dtype=torch.float32)
-        spare_module._copy_elements(target, source, positions, [(4990, 10)], native=native)
+        ranges = [
+            spare_module.WrittenRange(4990, 10, None),
+            spare_module.WrittenRange(0, 5000, positions),
+        ]
+        spare_module._copy_ranges(target, source, ranges, native=native)
         outputs.append(target.view(torch.int32).numpy().copy())
     assert np.array_equal(outputs[0], outputs[1])
     expected = np.zeros(5000, dtype=np.uint32)
