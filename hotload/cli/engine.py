@@ -6,21 +6,40 @@
 nothing and waits for SIGTERM. ``fake-sglang`` and ``fake-vllm`` answer like the released
 SGLang 0.5.23 and vLLM 0.33.0 servers (their routes, answers and quirks; tensors held, no
 model run), so the sidecar, the adapters and the pod runtime can be tested with those
-engine kinds where no GPU is (docs/engines.md, "Fake engines"). Only this shell reads the
-environment.
+engine kinds where no GPU is (docs/engines.md, "Fake engines"). The fakes are test
+doubles in :mod:`hotload.testing`, which no product module imports: this group names their
+commands by ``module:attribute`` (:data:`FAKE_ENGINE_COMMANDS`) and loads them only when one
+runs. Only this shell reads the environment.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Final
 
 import typer
 
 from hotload.api.pod import REFERENCE_ENGINE_PORT
-from hotload.api.rollout_deployment import ENV_ENGINE_ADMIN_API_KEY, ENV_ENGINE_API_KEY
+from hotload.cli.lazy_group import LazyCommand, lazy_group
+
+#: The fake engines' commands, loaded from the test doubles' package only when one runs.
+FAKE_ENGINE_COMMANDS: Final = (
+    LazyCommand(
+        "fake-sglang",
+        "hotload.testing.commands:fake_sglang_app",
+        "Serve a fake SGLang 0.5.23 (its routes and answers; tensors held, no model run).",
+    ),
+    LazyCommand(
+        "fake-vllm",
+        "hotload.testing.commands:fake_vllm_app",
+        "Serve a fake vLLM 0.33.0 (dev-mode routes with VLLM_SERVER_DEV_MODE=1; no model run).",
+    ),
+)
 
 engine_app = typer.Typer(
-    help="Run an inference engine (the engine container's command).", no_args_is_help=True
+    help="Run an inference engine (the engine container's command).",
+    cls=lazy_group(FAKE_ENGINE_COMMANDS),
+    no_args_is_help=True,
 )
 
 
@@ -133,95 +152,3 @@ def noop() -> None:
         await stop.wait()
 
     asyncio.run(wait_for_signal())
-
-
-@engine_app.command("fake-sglang")
-def fake_sglang(
-    port: int = typer.Option(30000, "--port", min=1, max=65535, help="Port to listen on."),
-    host: str = typer.Option(
-        "", "--host", envvar="POD_IP", help="Address to bind (default: $POD_IP)."
-    ),
-    model_path: str = typer.Option("/models/base", "--model-path", help="The launch model path."),
-    served_model_name: str = typer.Option(
-        "", "--served-model-name", help="Name in /v1/models (default: the model path)."
-    ),
-    weight_version: str = typer.Option(
-        "default", "--weight-version", help="The launch weight version."
-    ),
-    weights: Path | None = typer.Option(
-        None, "--weights", help="Serve the tensors of this directory from the start."
-    ),
-    api_key: str = typer.Option("", "--api-key", envvar=ENV_ENGINE_API_KEY),
-    admin_api_key: str = typer.Option("", "--admin-api-key", envvar=ENV_ENGINE_ADMIN_API_KEY),
-    enable_lora: bool = typer.Option(False, "--enable-lora", help="Accept LoRA adapters."),
-    token_interval: float = typer.Option(
-        0.02, "--token-interval", min=0.0, help="Seconds per generated token."
-    ),
-) -> None:
-    """Serve a fake SGLang 0.5.23 (its routes and answers; tensors held, no model run)."""
-    import os
-
-    import uvicorn
-
-    from hotload.api.pod import ENV_ROOT
-    from hotload.engines.fakes.sglang_app import SGLangOptions, create_app
-    from hotload.mounts import root_from
-
-    options = SGLangOptions(
-        model_path=model_path,
-        served_name=served_model_name or None,
-        weight_version=weight_version,
-        weights=weights,
-        api_key=api_key or None,
-        admin_api_key=admin_api_key or None,
-        enable_lora=enable_lora,
-        health_generation=os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "1")
-        not in ("0", "false", "False"),
-        health_timeout=float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20")),
-        token_interval=token_interval,
-        root=root_from(os.environ.get(ENV_ROOT)),
-    )
-    uvicorn.run(create_app(options), host=host or "0.0.0.0", port=port, log_level="warning")
-
-
-@engine_app.command("fake-vllm")
-def fake_vllm(
-    port: int = typer.Option(8000, "--port", min=1, max=65535, help="Port to listen on."),
-    host: str = typer.Option(
-        "", "--host", envvar="POD_IP", help="Address to bind (default: $POD_IP)."
-    ),
-    model: str = typer.Option("/models/base", "--model", help="The launch model."),
-    served_model_name: str = typer.Option(
-        "", "--served-model-name", help="Name requests must use (default: the model)."
-    ),
-    weights: Path | None = typer.Option(
-        None, "--weights", help="Serve the tensors of this directory from the start."
-    ),
-    api_key: str = typer.Option("", "--api-key", envvar=ENV_ENGINE_API_KEY),
-    token_interval: float = typer.Option(
-        0.02, "--token-interval", min=0.0, help="Seconds per generated token."
-    ),
-) -> None:
-    """Serve a fake vLLM 0.33.0 (dev-mode routes with VLLM_SERVER_DEV_MODE=1; no model run)."""
-    import os
-
-    import uvicorn
-
-    from hotload.api.pod import ENV_ROOT
-    from hotload.engines.fakes.vllm_app import VLLMOptions, create_app
-    from hotload.mounts import root_from
-
-    def flag(name: str) -> bool:
-        return os.environ.get(name, "0").strip().lower() in ("1", "true")
-
-    options = VLLMOptions(
-        model=model,
-        served_name=served_model_name or None,
-        weights=weights,
-        api_key=api_key or None,
-        dev_mode=flag("VLLM_SERVER_DEV_MODE"),
-        runtime_lora=flag("VLLM_ALLOW_RUNTIME_LORA_UPDATING"),
-        token_interval=token_interval,
-        root=root_from(os.environ.get(ENV_ROOT)),
-    )
-    uvicorn.run(create_app(options), host=host or "0.0.0.0", port=port, log_level="warning")

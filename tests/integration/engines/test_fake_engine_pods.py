@@ -28,7 +28,7 @@ from hotload.api.pod import (
     ANNOTATION_VIA,
     CONDITION_SNAPSHOT_READY,
 )
-from hotload.engines.fakes.weights import snapshot_checksums
+from hotload.testing.weights import snapshot_checksums
 from tests.fixtures.trainer import Trainer
 from tests.integration.sidecar.conftest import (  # noqa: F401  (fixtures)
     bucket_dir,
@@ -70,9 +70,7 @@ class PodHistory:
         self.seen: list[k8s.V1Pod] = []
         self._watch = watch.Watch()
         core = k8s.CoreV1Api(api)
-        self._thread = threading.Thread(
-            target=self._run, args=(core, namespace, pod), daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, args=(core, namespace, pod), daemon=True)
         self._thread.start()
 
     def _run(self, core: k8s.CoreV1Api, namespace: str, pod: str) -> None:

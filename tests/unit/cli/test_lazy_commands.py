@@ -15,6 +15,7 @@ import pytest
 import typer
 
 from hotload.cli import SUBCOMMANDS, app
+from hotload.cli.engine import FAKE_ENGINE_COMMANDS, engine_app
 from hotload.cli.lazy_group import LazyCommand, lazy_group
 from hotload.cli.local import LOCAL_SUBCOMMANDS, local_app
 
@@ -31,8 +32,8 @@ def _help(typer_app: typer.Typer, capsys: pytest.CaptureFixture[str], *, loaded:
 
 @pytest.mark.parametrize(
     ("typer_app", "table"),
-    [(app, SUBCOMMANDS), (local_app, LOCAL_SUBCOMMANDS)],
-    ids=["hotload", "local"],
+    [(app, SUBCOMMANDS), (local_app, LOCAL_SUBCOMMANDS), (engine_app, FAKE_ENGINE_COMMANDS)],
+    ids=["hotload", "local", "engine"],
 )
 def test_the_listing_is_what_the_loaded_commands_say(
     typer_app: typer.Typer,

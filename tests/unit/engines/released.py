@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from hotload.engines.fakes.contract import ContractViolation, EngineContract
-from hotload.engines.fakes.sglang_app import auth_refusal
+from hotload.testing.contract import ContractViolation, EngineContract
+from hotload.testing.sglang_app import auth_refusal
 from tests.unit.engines.recorder import Recorder, Sent
 
 SGLANG = EngineContract.load("sglang")

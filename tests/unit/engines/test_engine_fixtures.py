@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hotload.engines.fakes.contract import PINNED, ContractViolation, EngineContract
+from hotload.testing.contract import PINNED, ContractViolation, EngineContract
 
 REPO = Path(__file__).resolve().parents[3]
 FIXTURES = REPO / "tests" / "fixtures" / "engines"

@@ -19,11 +19,11 @@ from fastapi import FastAPI
 from safetensors.numpy import save_file
 
 from hotload.engines.engine_checksum import checksums_digest
-from hotload.engines.fakes.sglang_app import SGLangOptions
-from hotload.engines.fakes.sglang_app import create_app as sglang_app
-from hotload.engines.fakes.vllm_app import VLLMOptions
-from hotload.engines.fakes.vllm_app import create_app as vllm_app
-from hotload.engines.fakes.weights import snapshot_checksums
+from hotload.testing.sglang_app import SGLangOptions
+from hotload.testing.sglang_app import create_app as sglang_app
+from hotload.testing.vllm_app import VLLMOptions
+from hotload.testing.vllm_app import create_app as vllm_app
+from hotload.testing.weights import snapshot_checksums
 
 TOKEN_S = 0.005
 
@@ -259,7 +259,7 @@ async def test_requests_the_released_server_refuses_are_refused(
 def test_every_route_a_fake_serves_is_a_released_route(engine: str) -> None:
     from fastapi.routing import APIRoute
 
-    from hotload.engines.fakes.contract import EngineContract
+    from hotload.testing.contract import EngineContract
 
     if engine == "sglang":
         app = sglang_app(SGLangOptions(model_path="/m"))

@@ -35,7 +35,7 @@ class ContractViolation(AssertionError):
 
 def fixtures_root() -> Path | None:
     """``tests/fixtures/engines`` of the checkout this package runs from, if any."""
-    candidate = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "engines"
+    candidate = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "engines"
     return candidate if candidate.is_dir() else None
 
 

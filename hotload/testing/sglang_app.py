@@ -27,8 +27,10 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from hotload.engines.fakes.contract import ContractViolation, EngineContract
-from hotload.engines.fakes.http import (
+from hotload.errors import ConfigError, EngineRejected
+from hotload.mounts import host_path
+from hotload.testing.contract import ContractViolation, EngineContract
+from hotload.testing.http import (
     OpenAIShapes,
     add_test_controls,
     checked_body,
@@ -37,10 +39,8 @@ from hotload.engines.fakes.http import (
     refuse,
     stream_generation,
 )
-from hotload.engines.fakes.state import FakeEngineState, Generation, Pause, Rules
-from hotload.engines.fakes.weights import LoadFailedMidway
-from hotload.errors import ConfigError, EngineRejected
-from hotload.mounts import host_path
+from hotload.testing.state import FakeEngineState, Generation, Pause, Rules
+from hotload.testing.weights import LoadFailedMidway
 
 _PAUSES = {"abort": Pause.ABORT, "retract": Pause.RETRACT, "in_place": Pause.IN_PLACE}
 

@@ -24,8 +24,10 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from hotload.engines.fakes.contract import ContractViolation, EngineContract, parse_bool_query
-from hotload.engines.fakes.http import (
+from hotload.errors import ConfigError, EngineRejected
+from hotload.mounts import host_path
+from hotload.testing.contract import ContractViolation, EngineContract, parse_bool_query
+from hotload.testing.http import (
     OpenAIShapes,
     add_test_controls,
     checked_body,
@@ -34,16 +36,14 @@ from hotload.engines.fakes.http import (
     refuse,
     stream_generation,
 )
-from hotload.engines.fakes.state import (
+from hotload.testing.state import (
     FakeEngineState,
     Generation,
     Pause,
     RefusedWhilePaused,
     Rules,
 )
-from hotload.engines.fakes.weights import LoadFailedMidway
-from hotload.errors import ConfigError, EngineRejected
-from hotload.mounts import host_path
+from hotload.testing.weights import LoadFailedMidway
 
 _PAUSES = {"abort": Pause.ABORT, "wait": Pause.WAIT, "keep": Pause.IN_PLACE}
 

@@ -22,7 +22,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from hotload.engines.fakes.weights import LoadFailedMidway, TensorStore
+from hotload.testing.weights import LoadFailedMidway, TensorStore
 from hotload.waiting import wait_until_async
 
 TOKEN_DIGITS = 6

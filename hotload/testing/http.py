@@ -1,7 +1,7 @@
 """HTTP pieces both fake engines share: request checks, OpenAI shapes, SSE, test controls.
 
 Every request to a route of the released engine is checked against the extracted route
-table first (:class:`~hotload.engines.fakes.contract.EngineContract`), and refused with
+table first (:class:`~hotload.testing.contract.EngineContract`), and refused with
 422 the way FastAPI refuses a body its model rejects, so a client that drifts from the
 released API fails against the fake as it would against the real server. Answers are
 built from the released models' field lists (``contract.example``), never by hand.
@@ -22,8 +22,8 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
-from hotload.engines.fakes.contract import ContractViolation, EngineContract
-from hotload.engines.fakes.state import FakeEngineState, Generation
+from hotload.testing.contract import ContractViolation, EngineContract
+from hotload.testing.state import FakeEngineState, Generation
 
 DEFAULT_MAX_TOKENS = 16
 
