@@ -39,6 +39,7 @@ import baselines  # noqa: E402
 import limits  # noqa: E402
 import training  # noqa: E402
 
+from hotload.api.formats import FORMAT_V2  # noqa: E402
 from hotload.snapshot import (  # noqa: E402
     REBUILT_NAME,
     CodecId,
@@ -48,7 +49,7 @@ from hotload.snapshot import (  # noqa: E402
     rebuild,
 )
 from hotload.snapshot.codec.context_kernels import NATIVE  # noqa: E402
-from hotload.snapshot.manifest_codec import FORMAT_V2, dump_document  # noqa: E402
+from hotload.snapshot.manifest_codec import dump_document  # noqa: E402
 from hotload.snapshot.safetensors_file import read_header  # noqa: E402
 from hotload.snapshot.tensor_files import mapped_shards  # noqa: E402
 

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from hotload.api.group import CATEGORY, GROUP, VERSION
+from hotload.api.labels import PART_OF, PART_OF_LABEL
 from hotload.api.policy_snapshot import KIND as SNAPSHOT_KIND
 from hotload.api.policy_snapshot import PLURAL as SNAPSHOT_PLURAL
 from hotload.api.policy_snapshot import SHORT_NAMES as SNAPSHOT_SHORT_NAMES
@@ -261,7 +262,7 @@ def render_crd(definition: CrdDefinition) -> Schema:
         "kind": "CustomResourceDefinition",
         "metadata": {
             "name": f"{definition.plural}.{GROUP}",
-            "labels": {"app.kubernetes.io/part-of": "hotload"},
+            "labels": {PART_OF_LABEL: PART_OF},
         },
         "spec": {
             "group": GROUP,

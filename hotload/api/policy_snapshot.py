@@ -6,10 +6,11 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Final
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_serializer, model_validator
 
 from hotload.api._base import ApiModel, ApiStatusModel
-from hotload.api.conditions import Condition
+from hotload.api.conditions import Condition, rfc3339
+from hotload.api.formats import FORMAT_V1, FileHash
 from hotload.api.kinds import KvCachePolicy, SnapshotKind
 from hotload.api.snapshot_ref import Identity, SnapshotRef
 
@@ -18,8 +19,8 @@ PLURAL: Final = "policysnapshots"
 SINGULAR: Final = "policysnapshot"
 SHORT_NAMES: Final = ("psnap",)
 
-DEFAULT_COMPRESSION_FORMAT: Final = "hotload-delta/v1"
-DEFAULT_CHECKSUM_FORMAT: Final = "sha256"
+DEFAULT_COMPRESSION_FORMAT: Final = FORMAT_V1
+DEFAULT_CHECKSUM_FORMAT: Final = FileHash.SHA256.value
 
 
 class DeploymentRef(ApiModel):
@@ -117,6 +118,8 @@ class SnapshotPhase(StrEnum):
 class ReplicaRecord(ApiStatusModel):
     """One replica's line in the ledger."""
 
+    # The operator reads and writes the ledger by this model (hotload.operator.ledger).
+
     state: ReplicaState
     snapshot: str | None = None
     """Identity the replica serves now."""
@@ -124,6 +127,11 @@ class ReplicaRecord(ApiStatusModel):
     via: LoadPath | None = None
     reason: str | None = None
     message: str | None = None
+
+    @field_serializer("since", when_used="json-unless-none")
+    def _since_to_the_second(self, since: datetime) -> str:
+        """Written as Kubernetes writes its own timestamps (to the second, ``Z``)."""
+        return rfc3339(since)
 
 
 class Propagation(ApiStatusModel):

@@ -1,9 +1,10 @@
-"""Reason words shared by sidecar, operator and CLI (CONTRACTS.md, "Ordering, Ready, fallback"
-and "Decisions ... States and reasons").
+"""Every reason word of hotload: failures, conditions and Events (CONTRACTS.md, "Ordering,
+Ready, fallback" and "Decisions ... States and reasons").
 
-They are the ``reason`` of pod annotations, conditions and Events. The error classes in
-``hotload.errors`` carry the same words, so ``err.reason`` can be written as is. Every
-reason the sidecar may write as a failure has a class (:class:`ReasonClass`) that says
+They are the ``reason`` of pod annotations, conditions and Events; no other module spells
+one (the operator, the sidecar, the publisher and the CLI import them from here). The
+error classes in ``hotload.errors`` carry the same words, so ``err.reason`` can be written
+as is. Every reason the sidecar may write as a failure has a class (:class:`ReasonClass`) that says
 what it means for the rest of the fleet:
 
 - **chain-breaking**: the bucket's snapshot is bad (the operator marks it
@@ -58,6 +59,10 @@ ENGINE_ERROR: Final = "EngineError"
 DIGEST_MISMATCH: Final = "DigestMismatch"
 """After a swap the engine's digest of its weights differs from the verified snapshot's:
 it loaded something else (the sidecar reloads the served snapshot)."""
+TARGET_INCONSISTENT: Final = "TargetInconsistent"
+"""The target the sidecar was given disagrees with the snapshot's manifest (identity,
+kind, previous link): a fault of the target, not of the snapshot's bytes or chain, so it
+never marks ``ChainValid=False`` (CONTRACTS.md, "Target faults are not snapshot faults")."""
 ACCESS_DENIED: Final = "AccessDenied"
 """The bucket refused the replica's credentials."""
 STORAGE_REJECTED: Final = "StorageRejected"
@@ -71,6 +76,7 @@ REPLICA_REASONS: Final = frozenset(
         ENGINE_REJECTED,
         ENGINE_ERROR,
         DIGEST_MISMATCH,
+        TARGET_INCONSISTENT,
         ACCESS_DENIED,
         STORAGE_REJECTED,
         CONFIG_INVALID,
@@ -100,3 +106,30 @@ VERIFIED: Final = "Verified"
 NOT_LOADED: Final = "NotLoaded"
 """``SnapshotReady=False``: the engine serves nothing verified (before the first load, or
 while a restarted engine is reloaded from staging)."""
+PENDING: Final = "Pending"
+"""A snapshot that is not (yet) the target."""
+CHAIN_INVALID: Final = "ChainInvalid"
+"""A snapshot whose chain is broken never turns Ready."""
+CHAIN_COMPLETE: Final = "ChainComplete"
+"""``ChainValid=True``: every link back to a Full is present and consistent."""
+FULL_SNAPSHOT: Final = "FullSnapshot"
+"""``ChainValid=True``: a complete snapshot starts a chain."""
+PREVIOUS_MISSING: Final = "PreviousMissing"
+"""``ChainValid`` Unknown (or False once a break is certain): a link is not in the cluster."""
+NO_TARGET: Final = "NoTarget"
+ROLLED_OUT: Final = "RolledOut"
+REPLICAS_SERVING: Final = "ReplicasServing"
+REPLICAS_UNAVAILABLE: Final = "ReplicasUnavailable"
+SCALED_TO_ZERO: Final = "ScaledToZero"
+REPLICAS_FAILED: Final = "ReplicasFailed"
+HEALTHY: Final = "Healthy"
+DEPLOYMENT_NOT_FOUND: Final = "DeploymentNotFound"
+"""A PolicySnapshot whose RolloutDeployment does not exist (an orphan)."""
+
+# Event reasons (the operator's Events on its deployments and snapshots).
+TARGET_MOVED: Final = "TargetMoved"
+TARGET_ROLLED_BACK: Final = "TargetRolledBack"
+TARGET_CLEARED: Final = "TargetCleared"
+RECOVERED: Final = "Recovered"
+REPLICA_FAILED: Final = "ReplicaFailed"
+SNAPSHOT_RETIRED: Final = "SnapshotRetired"

@@ -18,12 +18,12 @@ from typing import Any, Final
 from hotload.api import GROUP, VERSION
 from hotload.api import pod as contract
 from hotload.api.conditions import AVAILABLE, DEGRADED, PROGRESSING, SNAPSHOT_READY
+from hotload.api.labels import INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGED_BY_OPERATOR
 from hotload.api.policy_snapshot import PLURAL as SNAPSHOTS
 from hotload.api.rollout_deployment import PLURAL as DEPLOYMENTS
 from hotload.cli.output import record
 from hotload.errors import KubeError
 from hotload.kube import kube_errors, sync_api_client
-from hotload.operator.workload import INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL
 
 Body = Mapping[str, Any]
 STATE_RANK: Final = {"Failed": 0, "Loading": 1, "Pending": 2, "Ready": 3}
@@ -319,7 +319,7 @@ def read_region(
     try:
         custom = client.CustomObjectsApi(api)
         core = client.CoreV1Api(api)
-        selector = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+        selector = f"{MANAGED_BY_LABEL}={MANAGED_BY_OPERATOR}"
         with kube_errors(context=context or "in-cluster", namespace=namespace or "all"):
             if namespace:
                 deployments = _list(custom.list_namespaced_custom_object, GROUP, VERSION,

@@ -19,6 +19,8 @@ from kubernetes.client.exceptions import ApiException
 from hotload.api import GROUP, VERSION, PolicySnapshot, RolloutDeployment
 from hotload.api import pod as contract
 from hotload.api.conditions import Condition, find_condition
+from hotload.api.policy_snapshot import PLURAL as SNAPSHOTS
+from hotload.api.rollout_deployment import PLURAL as DEPLOYMENTS
 from hotload.errors import LocalRegionError
 from hotload.kube.client import sync_api_client
 from hotload.local.region import Region
@@ -79,19 +81,17 @@ class RegionSession:
     # --- what the operator and the replicas say --------------------------------------------
 
     def deployment(self) -> RolloutDeployment | None:
-        raw = self._get("rolloutdeployments", self.deployment_name)
+        raw = self._get(DEPLOYMENTS, self.deployment_name)
         return None if raw is None else RolloutDeployment.model_validate(raw)
 
     def snapshot(self, identity: str) -> PolicySnapshot | None:
-        raw = self._get("policysnapshots", identity)
+        raw = self._get(SNAPSHOTS, identity)
         return None if raw is None else PolicySnapshot.model_validate(raw)
 
     def snapshots(self) -> list[PolicySnapshot]:
         listed = cast(
             dict[str, Any],
-            self.custom.list_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, "policysnapshots"
-            ),
+            self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, SNAPSHOTS),
         )
         return [PolicySnapshot.model_validate(item) for item in listed["items"]]
 

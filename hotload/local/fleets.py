@@ -16,15 +16,16 @@ import httpx
 import kubernetes.client
 from kubernetes.client.exceptions import ApiException
 
-from hotload.api import RolloutDeployment
+from hotload.api import GROUP, VERSION, RolloutDeployment
 from hotload.api import pod as contract
+from hotload.api.labels import PUBLISH_ENDPOINT_ANNOTATION
+from hotload.api.rollout_deployment import PLURAL as DEPLOYMENTS
 from hotload.errors import LocalRegionError
 from hotload.kube import map_api_exception
 from hotload.local import object_storage, wan
 from hotload.local.bootstrap import FAKE_NODE_TAINT, api_client
 from hotload.local.region import Region
 from hotload.local.runtime.service_ports import read_ports
-from hotload.publish import PUBLISH_ENDPOINT_ANNOTATION
 
 SECRET_SUFFIX: Final = "-bucket"
 FIELD_MANAGER: Final = "hotload-local"
@@ -117,7 +118,7 @@ def apply_fleet(region: Region, spec: FleetSpec) -> None:
                 _content_type="application/apply-patch+yaml",
             )  # fmt: skip
             custom.patch_namespaced_custom_object(
-                "hotload.dev", "v1alpha1", spec.namespace, "rolloutdeployments", spec.name,
+                GROUP, VERSION, spec.namespace, DEPLOYMENTS, spec.name,
                 deployment, field_manager=FIELD_MANAGER, force=True,
                 _content_type="application/apply-patch+yaml",
             )  # fmt: skip

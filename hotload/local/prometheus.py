@@ -18,6 +18,7 @@ from typing import Any, Final
 import httpx
 import yaml
 
+from hotload.api.labels import PART_OF, REPLICA_NAME
 from hotload.errors import LocalRegionError
 from hotload.local.processes import ProcessSpec, Wave
 from hotload.local.readiness import HttpReady
@@ -25,10 +26,8 @@ from hotload.local.region import Region
 
 RULES_FILE: Final = "prometheus-rules.yaml"
 SCRAPE_INTERVAL: Final = "5s"
-SIDECAR_POD_NAME: Final = "hotload-replica"
 #: The chart labels its operator pods app.kubernetes.io/component=operator and part-of=hotload.
 OPERATOR_COMPONENT: Final = "operator"
-PART_OF: Final = "hotload"
 POD_LABEL: Final = "__meta_kubernetes_pod_label_"
 
 
@@ -92,7 +91,7 @@ def scrape_config(region: Region) -> dict[str, Any]:
                 "job_name": "hotload-sidecar",
                 "kubernetes_sd_configs": discovery,
                 "relabel_configs": [
-                    _keep(f"{POD_LABEL}app_kubernetes_io_name", SIDECAR_POD_NAME),
+                    _keep(f"{POD_LABEL}app_kubernetes_io_name", REPLICA_NAME),
                     _keep("__meta_kubernetes_pod_container_port_name", "http"),
                     _keep("__meta_kubernetes_pod_phase", "Running"),
                     *_common_labels(region),

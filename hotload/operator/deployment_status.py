@@ -21,8 +21,8 @@ from datetime import datetime
 from typing import Any, Final
 
 from hotload.api import ConditionStatus, ReplicaState, SnapshotRef, reasons
+from hotload.api import conditions as cond
 from hotload.api.conditions import AVAILABLE, DEGRADED, PROGRESSING, SNAPSHOT_READY
-from hotload.operator import conditions as cond
 from hotload.operator.ledger import FleetCounts
 from hotload.operator.pods import PodReport
 from hotload.operator.rollout import ChainVerdict, SnapshotInfo
@@ -43,15 +43,15 @@ class DeploymentStatusPlan:
 def _available(counts: FleetCounts) -> cond.DesiredCondition:
     if counts.desired == 0:
         return cond.DesiredCondition(
-            AVAILABLE, ConditionStatus.TRUE, cond.SCALED_TO_ZERO, "no replicas are wanted"
+            AVAILABLE, ConditionStatus.TRUE, reasons.SCALED_TO_ZERO, "no replicas are wanted"
         )
     message = f"{counts.ready}/{counts.desired} replicas serve a verified snapshot"
     if counts.ready >= counts.desired:
         return cond.DesiredCondition(
-            AVAILABLE, ConditionStatus.TRUE, cond.REPLICAS_SERVING, message
+            AVAILABLE, ConditionStatus.TRUE, reasons.REPLICAS_SERVING, message
         )
     return cond.DesiredCondition(
-        AVAILABLE, ConditionStatus.FALSE, cond.REPLICAS_UNAVAILABLE, message
+        AVAILABLE, ConditionStatus.FALSE, reasons.REPLICAS_UNAVAILABLE, message
     )
 
 
@@ -59,13 +59,15 @@ def _rollout(counts: FleetCounts, target: SnapshotRef | None) -> list[cond.Desir
     if target is None:
         message = "no valid PolicySnapshot for this deployment yet"
         return [
-            cond.DesiredCondition(PROGRESSING, ConditionStatus.FALSE, cond.NO_TARGET, message),
-            cond.DesiredCondition(SNAPSHOT_READY, ConditionStatus.FALSE, cond.NO_TARGET, message),
+            cond.DesiredCondition(PROGRESSING, ConditionStatus.FALSE, reasons.NO_TARGET, message),
+            cond.DesiredCondition(
+                SNAPSHOT_READY, ConditionStatus.FALSE, reasons.NO_TARGET, message
+            ),
         ]
     message = f"{counts.updated}/{counts.desired} replicas serve {target.identity}"
     if counts.updated >= counts.desired:
         return [
-            cond.DesiredCondition(PROGRESSING, ConditionStatus.FALSE, cond.ROLLED_OUT, message),
+            cond.DesiredCondition(PROGRESSING, ConditionStatus.FALSE, reasons.ROLLED_OUT, message),
             cond.DesiredCondition(SNAPSHOT_READY, ConditionStatus.TRUE, reasons.ROLLED, message),
         ]
     return [
@@ -98,11 +100,11 @@ def _degraded(
         return cond.DesiredCondition(
             DEGRADED,
             ConditionStatus.TRUE,
-            cond.REPLICAS_FAILED,
+            reasons.REPLICAS_FAILED,
             f"{len(failed)} replica(s) failed: {named}{more}",
         )
     return cond.DesiredCondition(
-        DEGRADED, ConditionStatus.FALSE, cond.HEALTHY, "no broken snapshot, no failed replica"
+        DEGRADED, ConditionStatus.FALSE, reasons.HEALTHY, "no broken snapshot, no failed replica"
     )
 
 

@@ -25,7 +25,9 @@ from kubernetes_asyncio.client import (
 )
 
 from hotload.api import GROUP, VERSION
+from hotload.api.policy_snapshot import KIND as SNAPSHOT_KIND
 from hotload.api.policy_snapshot import PLURAL as SNAPSHOTS
+from hotload.api.rollout_deployment import KIND as DEPLOYMENT_KIND
 from hotload.api.rollout_deployment import PLURAL as DEPLOYMENTS
 from hotload.errors import KubeError
 from hotload.kube import kube_errors
@@ -125,12 +127,12 @@ class KubeExecutor:
     async def patch_deployment_status(
         self, namespace: str, name: str, status: Mapping[str, Any]
     ) -> Body:
-        return await self.patch_status(DEPLOYMENTS, "RolloutDeployment", namespace, name, status)
+        return await self.patch_status(DEPLOYMENTS, DEPLOYMENT_KIND, namespace, name, status)
 
     async def patch_snapshot_status(
         self, namespace: str, name: str, status: Mapping[str, Any]
     ) -> Body:
-        return await self.patch_status(SNAPSHOTS, "PolicySnapshot", namespace, name, status)
+        return await self.patch_status(SNAPSHOTS, SNAPSHOT_KIND, namespace, name, status)
 
     async def delete_snapshot(self, namespace: str, name: str, uid: str) -> None:
         """Delete one PolicySnapshot, only the object we decided about (uid precondition)."""

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from hotload.api.labels import INSTANCE_LABEL
 from hotload.operator.executor import KubeExecutor
 from hotload.operator.metrics import OperatorMetrics
 from hotload.operator.orphans import OrphanWatch
 from hotload.operator.reconciler import DeploymentReconciler, ReconcileTiming
-from hotload.operator.workload import INSTANCE_LABEL
 
 Key = tuple[str, str]
 

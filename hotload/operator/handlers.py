@@ -23,20 +23,23 @@ from typing import Any, Final
 import kopf
 
 from hotload.api import GROUP, VERSION
+from hotload.api.labels import (
+    MANAGED_BY_LABEL,
+    MANAGED_BY_OPERATOR,
+    OPERATOR_ANNOTATION_PREFIX,
+    OPERATOR_FINALIZER,
+)
 from hotload.api.policy_snapshot import PLURAL as SNAPSHOTS
 from hotload.api.rollout_deployment import PLURAL as DEPLOYMENTS
 from hotload.operator.fleet import Fleet
 from hotload.operator.options import OperatorOptions
-from hotload.operator.workload import MANAGED_BY, MANAGED_BY_LABEL
 
 log = logging.getLogger(__name__)
 
-FINALIZER: Final = "hotload.dev/operator"
-ANNOTATION_PREFIX: Final = "operator.hotload.dev"
 #: A leader's peering record expires this long after its last keep-alive (a hard-killed
 #: leader is replaced within it; a leader that exits cleanly withdraws its record at once).
 PEERING_LIFETIME_S: Final = 15
-MANAGED_SELECTOR: Final = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+MANAGED_SELECTOR: Final = f"{MANAGED_BY_LABEL}={MANAGED_BY_OPERATOR}"
 #: Resources watched only with our label (core and apps/rbac plurals).
 OWNED_RESOURCES: Final = (
     ("apps", "v1", "statefulsets"),
@@ -54,12 +57,12 @@ def _event_type(event: Mapping[str, Any]) -> str | None:
 def configure_settings(settings: kopf.OperatorSettings, options: OperatorOptions) -> None:
     """kopf settings for our operator (applied in the startup handler)."""
     settings.posting.enabled = False  # our Events are our own, about our objects
-    settings.persistence.finalizer = FINALIZER
+    settings.persistence.finalizer = OPERATOR_FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-        prefix=ANNOTATION_PREFIX
+        prefix=OPERATOR_ANNOTATION_PREFIX
     )
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+        prefix=OPERATOR_ANNOTATION_PREFIX, key="last-handled-configuration"
     )
     settings.peering.lifetime = PEERING_LIFETIME_S
     settings.peering.stealth = True
@@ -121,7 +124,11 @@ def build_registry(fleet: Fleet, options: OperatorOptions) -> kopf.OperatorRegis
     for group, version, plural in OWNED_RESOURCES:
 
         @kopf.on.event(
-            group, version, plural, labels={MANAGED_BY_LABEL: MANAGED_BY}, registry=registry
+            group,
+            version,
+            plural,
+            labels={MANAGED_BY_LABEL: MANAGED_BY_OPERATOR},
+            registry=registry,
         )
         async def owned_changed(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None:
             fleet.owned_event(_event_type(event), body)

@@ -8,21 +8,23 @@ replica, saying where that replica stands *relative to this snapshot*:
 - ``Failed`` when its sidecar reports a failure (``reason``, ``message``);
 - ``Loading`` otherwise (``snapshot`` is what it still serves, if anything).
 
-An entry that has not changed keeps its recorded ``since``, so a reconcile that finds
-nothing new writes nothing. The deployment's status gets only counts (it must stay
-small: every sidecar watches it).
+An entry is the API's :class:`~hotload.api.ReplicaRecord`, read and written by that model
+(one wire format). An entry that has not changed keeps its recorded ``since``, so a
+reconcile that finds nothing new writes nothing. The deployment's status gets only counts
+(it must stay small: every sidecar watches it).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from hotload.api import ReplicaState
-from hotload.api.conditions import parse_time, rfc3339
+from pydantic import ValidationError
+
+from hotload.api import ReplicaRecord, ReplicaState
 from hotload.operator.pods import PodReport
 
 #: Count key for replicas whose sidecar has not reported a state yet.
@@ -34,51 +36,28 @@ OrderOf = Callable[[str | None], tuple[int, int] | None]
 WireEntry = dict[str, Any]
 
 
-@dataclass(frozen=True)
-class LedgerEntry:
-    """One replica's line in a snapshot's ledger (``ReplicaRecord`` on the wire)."""
+#: Every field of an entry, null: a changed entry is written whole (merge patch).
+_CLEARED: Final[WireEntry] = dict.fromkeys(
+    ReplicaRecord(state=ReplicaState.LOADING).model_dump(by_alias=True)
+)
 
-    state: ReplicaState
-    snapshot: str | None = None
-    since: datetime | None = None
-    via: str | None = None
-    reason: str | None = None
-    message: str | None = None
 
-    def to_wire(self) -> WireEntry:
-        """The entry as stored (camelCase keys, unset fields absent)."""
-        wire: WireEntry = {"state": self.state.value}
-        for key, value in (
-            ("snapshot", self.snapshot),
-            ("since", rfc3339(self.since) if self.since else None),
-            ("via", self.via),
-            ("reason", self.reason),
-            ("message", self.message),
-        ):
-            if value is not None:
-                wire[key] = value
-        return wire
-
-    @classmethod
-    def from_wire(cls, wire: Mapping[str, Any]) -> LedgerEntry | None:
+def parse_ledger(raw: object) -> dict[str, ReplicaRecord]:
+    """``status.replicas`` as recorded; an entry its model refuses is left out (rewritten)."""
+    ledger: dict[str, ReplicaRecord] = {}
+    if not isinstance(raw, Mapping):
+        return ledger
+    for name, wire in raw.items():
         try:
-            state = ReplicaState(str(wire.get("state")))
-        except ValueError:
-            return None
-        return cls(
-            state=state,
-            snapshot=wire.get("snapshot"),
-            since=parse_time(wire.get("since")),
-            via=wire.get("via"),
-            reason=wire.get("reason"),
-            message=wire.get("message"),
-        )
+            ledger[str(name)] = ReplicaRecord.model_validate(wire)
+        except ValidationError:
+            continue
+    return ledger
 
-    def same_stance(self, other: LedgerEntry) -> bool:
-        """Equal but for ``since``: the replica has not moved relative to the snapshot."""
-        return (self.state, self.snapshot, self.via, self.reason, self.message) == (
-            other.state, other.snapshot, other.via, other.reason, other.message
-        )  # fmt: skip
+
+def same_stance(entry: ReplicaRecord, other: ReplicaRecord) -> bool:
+    """Equal but for ``since``: the replica has not moved relative to the snapshot."""
+    return entry.model_dump(exclude={"since"}) == other.model_dump(exclude={"since"})
 
 
 def serves_at_least(pod: PodReport, order: tuple[int, int], order_of: OrderOf) -> bool:
@@ -91,23 +70,30 @@ def ledger_entry(
     pod: PodReport,
     order: tuple[int, int],
     order_of: OrderOf,
-    recorded: LedgerEntry | None,
+    recorded: ReplicaRecord | None,
     now: datetime,
-) -> LedgerEntry:
+) -> ReplicaRecord:
     """The replica's entry in the ledger of the snapshot of ``order``."""
     if serves_at_least(pod, order, order_of):
-        stance = LedgerEntry(ReplicaState.READY, pod.snapshot, None, pod.via)
-        if recorded is not None and stance.same_stance(recorded):
+        stance = ReplicaRecord(state=ReplicaState.READY, snapshot=pod.snapshot, via=pod.load_path)
+        if recorded is not None and same_stance(stance, recorded):
             return recorded
         at_target = pod.state is ReplicaState.READY and pod.snapshot == pod.target
-        return replace(stance, since=(pod.since if at_target else None) or now)
+        return stance.model_copy(update={"since": (pod.since if at_target else None) or now})
     if pod.state is ReplicaState.FAILED:
-        entry = LedgerEntry(
-            ReplicaState.FAILED, pod.snapshot, pod.since or now, pod.via, pod.reason, pod.message
+        entry = ReplicaRecord(
+            state=ReplicaState.FAILED,
+            snapshot=pod.snapshot,
+            since=pod.since or now,
+            via=pod.load_path,
+            reason=pod.reason,
+            message=pod.message,
         )
     else:
-        entry = LedgerEntry(ReplicaState.LOADING, pod.snapshot, pod.since or pod.created or now)
-    if recorded is not None and entry.same_stance(recorded):
+        entry = ReplicaRecord(
+            state=ReplicaState.LOADING, snapshot=pod.snapshot, since=pod.since or pod.created or now
+        )
+    if recorded is not None and same_stance(entry, recorded):
         return recorded
     return entry
 
@@ -116,7 +102,7 @@ def ledger_entry(
 class LedgerFold:
     """A snapshot's ledger and counts, from its desired replicas."""
 
-    entries: dict[str, LedgerEntry]
+    entries: dict[str, ReplicaRecord]
     ready: int
     """Desired replicas serving this snapshot or a newer one."""
 
@@ -125,11 +111,11 @@ def fold_ledger(
     pods: Iterable[PodReport],
     order: tuple[int, int],
     order_of: OrderOf,
-    recorded: Mapping[str, LedgerEntry],
+    recorded: Mapping[str, ReplicaRecord],
     now: datetime,
 ) -> LedgerFold:
     """The ledger of the snapshot of ``order`` over ``pods`` (the desired replicas)."""
-    entries: dict[str, LedgerEntry] = {}
+    entries: dict[str, ReplicaRecord] = {}
     ready = 0
     for pod in pods:
         entry = ledger_entry(pod, order, order_of, recorded.get(pod.name), now)
@@ -140,18 +126,13 @@ def fold_ledger(
 
 
 def ledger_patch(
-    recorded: Mapping[str, LedgerEntry], desired: Mapping[str, LedgerEntry]
+    recorded: Mapping[str, ReplicaRecord], desired: Mapping[str, ReplicaRecord]
 ) -> dict[str, WireEntry | None]:
     """The merge patch of ``status.replicas``: changed entries whole, removed ones null."""
     patch: dict[str, WireEntry | None] = {}
     for name, entry in desired.items():
         if recorded.get(name) != entry:
-            wire: WireEntry = {
-                "state": None, "snapshot": None, "since": None, "via": None,
-                "reason": None, "message": None,
-            }  # fmt: skip
-            wire.update(entry.to_wire())
-            patch[name] = wire
+            patch[name] = {**_CLEARED, **entry.to_k8s()}
     for name in recorded:
         if name not in desired:
             patch[name] = None

@@ -16,15 +16,13 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from hotload.api import ConditionStatus, SnapshotPhase
-from hotload.api.conditions import READY
+from hotload.api import ConditionStatus, SnapshotPhase, reasons
+from hotload.api.conditions import READY, DesiredCondition, merge_conditions
 from hotload.errors import KubeError
-from hotload.operator.conditions import DesiredCondition, merge_conditions
 from hotload.operator.executor import KubeExecutor
 
 log = logging.getLogger(__name__)
 
-DEPLOYMENT_NOT_FOUND: Final = "DeploymentNotFound"
 GRACE_S: Final = 10.0
 
 
@@ -37,7 +35,7 @@ def orphan_status(body: Mapping[str, Any], now: datetime) -> dict[str, Any] | No
     condition = DesiredCondition(
         READY,
         ConditionStatus.FALSE,
-        DEPLOYMENT_NOT_FOUND,
+        reasons.DEPLOYMENT_NOT_FOUND,
         f"RolloutDeployment {deployment!r} does not exist in this namespace",
     )
     generation = (body.get("metadata") or {}).get("generation")

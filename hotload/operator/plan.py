@@ -13,11 +13,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any
 
 from hotload.api import ReplicaState, RolloutDeploymentSpec, SnapshotRef
 from hotload.api import reasons as reason_words
 from hotload.api.conditions import CHAIN_VALID, DEGRADED, READY
+from hotload.api.policy_snapshot import KIND as SNAPSHOT_KIND
+from hotload.api.rollout_deployment import KIND as DEPLOYMENT_KIND
 from hotload.operator.deployment_status import plan_deployment_status
 from hotload.operator.ledger import count_fleet
 from hotload.operator.pods import PodReport
@@ -34,17 +36,6 @@ from hotload.operator.rollout import (
 )
 from hotload.operator.snapshot_status import ObservedSnapshot, plan_snapshot_status
 from hotload.operator.workload import label_selector
-
-DEPLOYMENT_KIND: Final = "RolloutDeployment"
-SNAPSHOT_KIND: Final = "PolicySnapshot"
-
-# Event reasons (CamelCase, one per transition a user acts on).
-TARGET_MOVED: Final = "TargetMoved"
-TARGET_ROLLED_BACK: Final = "TargetRolledBack"
-TARGET_CLEARED: Final = "TargetCleared"
-RECOVERED: Final = "Recovered"
-REPLICA_FAILED: Final = "ReplicaFailed"
-SNAPSHOT_RETIRED: Final = "SnapshotRetired"
 
 
 class EventType(StrEnum):
@@ -143,18 +134,18 @@ def _target_events(plan: TargetPlan, deployment: ObservedDeployment) -> list[Eve
     if plan.move is TargetMove.NONE or plan.move is TargetMove.REFRESH:
         return []
     if plan.target is None:
-        reason, kind = TARGET_CLEARED, EventType.WARNING
+        reason, kind = reason_words.TARGET_CLEARED, EventType.WARNING
         message = f"target {plan.previous.identity if plan.previous else ''} is not a valid " \
             "snapshot of this deployment and nothing valid remains: target cleared"  # fmt: skip
     elif plan.move is TargetMove.BACK:
-        reason, kind = TARGET_ROLLED_BACK, EventType.WARNING
+        reason, kind = reason_words.TARGET_ROLLED_BACK, EventType.WARNING
         was = plan.previous.identity if plan.previous else "none"
         message = (
             f"target {was} is broken or gone: back to {plan.target.identity} "
             f"(step {plan.target.step}), the newest valid snapshot"
         )
     else:
-        reason, kind = TARGET_MOVED, EventType.NORMAL
+        reason, kind = reason_words.TARGET_MOVED, EventType.NORMAL
         message = (
             f"target is now {plan.target.identity} (step {plan.target.step}, "
             f"{plan.target.kind.value})"
@@ -228,7 +219,7 @@ def plan_deployment(observation: Observation, now: datetime) -> DeploymentPlan:
         events.append(
             EventSpec(
                 DEPLOYMENT_KIND, deployment.name, deployment.uid, EventType.NORMAL,
-                SNAPSHOT_RETIRED,
+                reason_words.SNAPSHOT_RETIRED,
                 f"deleted PolicySnapshot {identity}: older than the last "
                 f"{spec.retention.keep_snapshots} and no replica needs it",
             )
@@ -283,7 +274,7 @@ def _deployment_events(
             events.append(
                 EventSpec(
                     DEPLOYMENT_KIND, deployment.name, deployment.uid, EventType.NORMAL,
-                    RECOVERED, "no longer degraded: " + str(after.get("message", "")),
+                    reason_words.RECOVERED, "no longer degraded: " + str(after.get("message", "")),
                 )
             )  # fmt: skip
     return events
@@ -314,7 +305,7 @@ def _replica_failure_events(
         events.append(
             EventSpec(
                 DEPLOYMENT_KIND, deployment.name, deployment.uid, EventType.WARNING,
-                REPLICA_FAILED,
+                reason_words.REPLICA_FAILED,
                 f"replica {pod.name} failed on {pod.failed_snapshot or pod.target}: "
                 f"{pod.reason}: {pod.message or ''}".rstrip(": "),
             )

@@ -18,7 +18,7 @@ from typing import Any, Final
 from hotload.api import LoadPath, ReplicaState
 from hotload.api import pod as contract
 from hotload.api.conditions import parse_time
-from hotload.operator.workload import INSTANCE_LABEL
+from hotload.api.labels import INSTANCE_LABEL
 
 #: ``<statefulset>-<ordinal>``: the StatefulSet names each pod after its ordinal.
 _ORDINAL: Final = re.compile(r"-(\d+)$")

@@ -31,12 +31,13 @@ from hotload.api import (
     RolloutDeployment,
     RolloutDeploymentSpec,
 )
+from hotload.api import conditions as cond
 from hotload.api.conditions import CHAIN_VALID, parse_time
+from hotload.api.labels import MANAGED_BY_LABEL, MANAGED_BY_OPERATOR
 from hotload.errors import KubeError, KubeNotFound
-from hotload.operator import conditions as cond
 from hotload.operator.batching import BatchWindows, Wakeup
 from hotload.operator.executor import KubeExecutor
-from hotload.operator.ledger import LedgerEntry
+from hotload.operator.ledger import parse_ledger
 from hotload.operator.metrics import OperatorMetrics
 from hotload.operator.plan import (
     DeploymentPlan,
@@ -49,12 +50,7 @@ from hotload.operator.pods import PodReport, pod_report
 from hotload.operator.rollout import ChainVerdict, SnapshotInfo
 from hotload.operator.snapshot_status import ObservedSnapshot
 from hotload.operator.store import Versioned, VersionedStore, is_newer
-from hotload.operator.workload import (
-    MANAGED_BY,
-    MANAGED_BY_LABEL,
-    label_selector,
-    render_workload,
-)
+from hotload.operator.workload import label_selector, render_workload
 from hotload.retry import Backoff, RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -90,7 +86,7 @@ def observed_snapshot(body: Mapping[str, Any]) -> ObservedSnapshot | None:
         return None
     status: Mapping[str, Any] = body.get("status") or {}
     incremental: IncrementalSpec | None = spec.incremental
-    recorded = cond.find(status.get("conditions") or [], CHAIN_VALID)
+    recorded = cond.find_wire(status.get("conditions") or [], CHAIN_VALID)
     verdict = None
     if recorded is not None:
         try:
@@ -112,11 +108,7 @@ def observed_snapshot(body: Mapping[str, Any]) -> ObservedSnapshot | None:
         kv_cache_policy=spec.kv_cache_policy,
         recorded=verdict,
     )
-    ledger = {
-        name: entry
-        for name, raw in (status.get("replicas") or {}).items()
-        if isinstance(raw, Mapping) and (entry := LedgerEntry.from_wire(raw)) is not None
-    }
+    ledger = parse_ledger(status.get("replicas"))
     return ObservedSnapshot(
         info=info,
         uid=metadata.get("uid") or "",
@@ -246,7 +238,7 @@ class DeploymentReconciler:
         return PodWatch(
             lambda: self._executor.api,
             self.namespace,
-            f"{label_selector(self.name)},{MANAGED_BY_LABEL}={MANAGED_BY}",
+            f"{label_selector(self.name)},{MANAGED_BY_LABEL}={MANAGED_BY_OPERATOR}",
             self.on_pod_list,
             self.on_pod,
         )

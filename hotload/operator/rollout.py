@@ -30,15 +30,11 @@ from enum import StrEnum
 from typing import Final
 
 from hotload.api import ConditionStatus, KvCachePolicy, SnapshotKind, SnapshotRef, reasons
-from hotload.snapshot.manifest import FORMATS, FileHash
+from hotload.api.formats import READABLE_FORMATS, FileHash
 
 #: Formats the sidecar decodes (the manifest is the truth; this is the trainer's declaration).
-SUPPORTED_COMPRESSION_FORMATS: Final = frozenset(FORMATS)
+SUPPORTED_COMPRESSION_FORMATS: Final = frozenset(READABLE_FORMATS)
 SUPPORTED_CHECKSUM_FORMATS: Final = frozenset(h.value for h in FileHash)
-
-PREVIOUS_MISSING: Final = "PreviousMissing"
-CHAIN_VALID_REASON: Final = "ChainComplete"
-FULL_SNAPSHOT_REASON: Final = "FullSnapshot"
 
 
 @dataclass(frozen=True)
@@ -101,7 +97,7 @@ class BreakReport:
     pod: str
 
 
-def _valid(message: str, reason: str = CHAIN_VALID_REASON) -> ChainVerdict:
+def _valid(message: str, reason: str = reasons.CHAIN_COMPLETE) -> ChainVerdict:
     return ChainVerdict(ConditionStatus.TRUE, reason, message)
 
 
@@ -149,7 +145,7 @@ def _own_verdict(
     if report is not None:
         return _broken(report.reason, f"replica {report.pod}: {report.message}")
     if info.kind is not SnapshotKind.INCREMENTAL:
-        return _valid(f"a {info.kind.value} snapshot starts a chain", FULL_SNAPSHOT_REASON)
+        return _valid(f"a {info.kind.value} snapshot starts a chain", reasons.FULL_SNAPSHOT)
     if info.compression_format not in SUPPORTED_COMPRESSION_FORMATS:
         return _broken(
             reasons.MANIFEST_INVALID,
@@ -168,7 +164,7 @@ def _own_verdict(
             return info.recorded  # checked while its previous existed; retention removed it
         return ChainVerdict(
             ConditionStatus.UNKNOWN,
-            PREVIOUS_MISSING,
+            reasons.PREVIOUS_MISSING,
             f"previous snapshot {info.previous} is not in the cluster (yet)",
         )
     if previous.deployment != info.deployment:
@@ -225,7 +221,7 @@ def newest_valid(
 
 
 def _unknown() -> ChainVerdict:
-    return ChainVerdict(ConditionStatus.UNKNOWN, PREVIOUS_MISSING, "")
+    return ChainVerdict(ConditionStatus.UNKNOWN, reasons.PREVIOUS_MISSING, "")
 
 
 def plan_target(

@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from hotload.api import ConditionStatus, SnapshotPhase, SnapshotRef, reasons
+from hotload.api import ConditionStatus, ReplicaRecord, SnapshotPhase, SnapshotRef, reasons
+from hotload.api import conditions as cond
 from hotload.api.conditions import CHAIN_VALID, READY
-from hotload.operator import conditions as cond
 from hotload.operator.ledger import (
-    LedgerEntry,
     OrderOf,
     WireEntry,
     fold_ledger,
@@ -53,7 +52,7 @@ class ObservedSnapshot:
     created: datetime | None
     generation: int | None
     status: Mapping[str, Any]
-    ledger: Mapping[str, LedgerEntry]
+    ledger: Mapping[str, ReplicaRecord]
     """``status.replicas`` parsed (once, when the object was observed)."""
 
 
@@ -90,7 +89,7 @@ def plan_snapshot_status(
     target_order = snapshot_order(target.step, target.kind) if target is not None else None
     reached_by_target = target_order is not None and target_order >= info.order
     propagation: dict[str, Any] = dict(recorded.get("propagation") or {})
-    recorded_broken = (find := cond.find(recorded_conditions, CHAIN_VALID)) is not None and (
+    recorded_broken = (find := cond.find_wire(recorded_conditions, CHAIN_VALID)) is not None and (
         find.get("status") == ConditionStatus.FALSE.value
     )
     frozen = (latched and not is_target) or recorded_broken
@@ -100,7 +99,7 @@ def plan_snapshot_status(
     if frozen:
         ready = int(recorded.get("readyReplicas") or 0)
         desired = int(recorded.get("desiredReplicas") or 0)
-        ready_condition = cond.find(recorded_conditions, READY)
+        ready_condition = cond.find_wire(recorded_conditions, READY)
         desired_conditions = [chain]
         if ready_condition is not None:
             desired_conditions.append(
@@ -114,7 +113,7 @@ def plan_snapshot_status(
         else:
             desired_conditions.append(
                 cond.DesiredCondition(
-                    READY, ConditionStatus.FALSE, cond.CHAIN_INVALID, verdict.message
+                    READY, ConditionStatus.FALSE, reasons.CHAIN_INVALID, verdict.message
                 )
             )
         now_ready = latched
@@ -133,7 +132,7 @@ def plan_snapshot_status(
         now_ready = latched or (not verdict.broken and reached_by_target and ready >= desired)
         if now_ready:
             if latched:
-                previous = cond.find(recorded_conditions, READY) or {}
+                previous = cond.find_wire(recorded_conditions, READY) or {}
                 reason = str(previous.get("reason") or reasons.ROLLED)
             else:
                 reason = reasons.ROLLED if is_target else reasons.SUPERSEDED
@@ -145,7 +144,7 @@ def plan_snapshot_status(
             )
         elif verdict.broken:
             ready_cond = cond.DesiredCondition(
-                READY, ConditionStatus.FALSE, cond.CHAIN_INVALID, verdict.message
+                READY, ConditionStatus.FALSE, reasons.CHAIN_INVALID, verdict.message
             )
         elif is_target:
             ready_cond = cond.DesiredCondition(
@@ -158,7 +157,7 @@ def plan_snapshot_status(
             ready_cond = cond.DesiredCondition(
                 READY,
                 ConditionStatus.FALSE,
-                cond.PENDING,
+                reasons.PENDING,
                 "not the target yet"
                 if verdict.valid
                 else f"waiting for its chain: {verdict.message}",

@@ -13,6 +13,13 @@ from typing import Any, Final
 from hotload.api import EngineKind, RolloutDeployment
 from hotload.api import pod as contract
 from hotload.api.group import API_VERSION
+from hotload.api.labels import (
+    INSTANCE_LABEL,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_OPERATOR,
+    NAME_LABEL,
+    REPLICA_NAME,
+)
 from hotload.api.rollout_deployment import (
     ENGINE_ADMIN_API_KEY_SECRET_KEY,
     ENGINE_API_KEY_SECRET_KEY,
@@ -22,11 +29,6 @@ from hotload.api.rollout_deployment import (
 
 Manifest = dict[str, Any]
 
-REPLICA_NAME_LABEL: Final = "app.kubernetes.io/name"
-INSTANCE_LABEL: Final = "app.kubernetes.io/instance"
-MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
-REPLICA_NAME: Final = "hotload-replica"
-MANAGED_BY: Final = "hotload"
 TERMINATION_GRACE_SECONDS: Final = 30
 SIDECAR_CLUSTER_ROLE: Final = "hotload-sidecar"
 """The ClusterRole the chart ships with ``SIDECAR_RBAC_RULES``; the operator binds each
@@ -35,11 +37,11 @@ deployment's sidecar ServiceAccount to it (holding only ``bind`` on it, never th
 
 def selector_labels(name: str) -> dict[str, str]:
     """Labels that select one deployment's replica pods."""
-    return {REPLICA_NAME_LABEL: REPLICA_NAME, INSTANCE_LABEL: name}
+    return {NAME_LABEL: REPLICA_NAME, INSTANCE_LABEL: name}
 
 
 def pod_labels(name: str) -> dict[str, str]:
-    return {**selector_labels(name), MANAGED_BY_LABEL: MANAGED_BY}
+    return {**selector_labels(name), MANAGED_BY_LABEL: MANAGED_BY_OPERATOR}
 
 
 def label_selector(name: str) -> str:

@@ -11,10 +11,11 @@
 - :class:`PublishObserver`: progress callbacks (the CLI's rich display is one).
 """
 
+from hotload.api.labels import PUBLISH_ENDPOINT_ANNOTATION
 from hotload.publish.cadence import DEFAULT_FULL_EVERY, identity_for
 from hotload.publish.observer import NullObserver, Phase, PublishObserver
 from hotload.publish.publisher import Publisher, PublisherSettings, PublishHandle
-from hotload.publish.region_client import PUBLISH_ENDPOINT_ANNOTATION, RegionBucket
+from hotload.publish.region_client import RegionBucket
 from hotload.publish.results import PublishResult, RegionOutcome, RegionResult
 
 __all__ = [

@@ -18,20 +18,19 @@ import kubernetes.client
 
 from hotload.api import GROUP, VERSION, PolicySnapshot, RolloutDeployment
 from hotload.api import conditions as cond
+from hotload.api.labels import (
+    DEPLOYMENT_LABEL,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_PUBLISHER,
+    PUBLISH_ENDPOINT_ANNOTATION,
+)
+from hotload.api.policy_snapshot import PLURAL as SNAPSHOTS
+from hotload.api.rollout_deployment import PLURAL as DEPLOYMENTS
 from hotload.errors import KubeError, KubeNotFound, PublishConflict
 from hotload.kube import kube_errors, sync_api_client
 
 log = logging.getLogger(__name__)
 
-SNAPSHOTS: Final = "policysnapshots"
-DEPLOYMENTS: Final = "rolloutdeployments"
-#: Where the trainer's side reaches this region's bucket, when that differs from the
-#: in-region ``spec.hotLoad.endpoint`` the replicas use (e.g. across a WAN proxy).
-PUBLISH_ENDPOINT_ANNOTATION: Final = "hotload.dev/publish-endpoint"
-#: Labels the publisher puts on every PolicySnapshot it applies.
-DEPLOYMENT_LABEL: Final = "hotload.dev/deployment"
-MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
-MANAGED_BY: Final = "hotload-publish"
 #: (connect, read) seconds for every API call.
 REQUEST_TIMEOUT: Final = (3.0, 15.0)
 
@@ -154,7 +153,7 @@ class RegionClient:
         metadata = body.setdefault("metadata", {})
         labels = metadata.setdefault("labels", {})
         labels.setdefault(DEPLOYMENT_LABEL, snapshot.spec.deployment_ref.name)
-        labels.setdefault(MANAGED_BY_LABEL, MANAGED_BY)
+        labels.setdefault(MANAGED_BY_LABEL, MANAGED_BY_PUBLISHER)
         identity = snapshot.spec.identity
         try:
             with self._errors(snapshot=identity):

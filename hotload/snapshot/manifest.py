@@ -20,6 +20,8 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from hotload.api import IDENTITY_PATTERN, SnapshotKind
+from hotload.api.formats import FORMAT_V1, FORMAT_V2, FORMAT_V3, READABLE_FORMATS
+from hotload.api.formats import FileHash as FileHash
 from hotload.errors import ManifestInvalid, SizeLimitExceeded, UnsafePath
 from hotload.snapshot.dtypes import DTYPES
 from hotload.snapshot.limits import (
@@ -30,14 +32,7 @@ from hotload.snapshot.limits import (
     MAX_TENSOR_BYTES,
     MAX_TENSORS,
 )
-from hotload.snapshot.manifest_codec import (
-    FORMAT_V1,
-    FORMAT_V2,
-    READABLE_FORMATS,
-    dump_document,
-    load_document,
-)
-from hotload.snapshot.manifest_table import FORMAT_V3
+from hotload.snapshot.manifest_codec import dump_document, load_document
 from hotload.snapshot.paths import safe_relpath
 
 MANIFEST_NAME: Final = "hotload-manifest.json"
@@ -47,17 +42,11 @@ FORMAT: Final = FORMAT_V3
 """The format and version we write; also the CRD's ``incremental.compressionFormat``."""
 
 FORMATS: Final = READABLE_FORMATS
-"""Every format and version a reader accepts (the operator accepts these in the CRD)."""
+"""Every format and version a reader accepts (``hotload.api.formats``, which the operator
+judges declarations against)."""
 
 TENSOR_HASH: Final = "xxh3-128"
 """The only rebuilt-tensor hash of v1."""
-
-
-class FileHash(StrEnum):
-    """Hash of stored files. We always write sha256; adler32 is accepted on input."""
-
-    SHA256 = "sha256"
-    ADLER32 = "adler32"
 
 
 class CodecId(StrEnum):

@@ -24,14 +24,11 @@ from typing import Any, Final
 
 import zstandard
 
+from hotload.api.formats import FORMAT_V1, FORMAT_V2, READABLE_FORMATS
 from hotload.errors import ManifestInvalid, SizeLimitExceeded
 from hotload.snapshot.limits import MAX_MANIFEST_BYTES
-from hotload.snapshot.manifest_table import FORMAT_V3, MAGIC, dump_table, load_table
+from hotload.snapshot.manifest_table import MAGIC, dump_table, load_table
 
-FORMAT_V1: Final = "hotload-delta/v1"
-FORMAT_V2: Final = "hotload-delta/v2"
-READABLE_FORMATS: Final = (FORMAT_V1, FORMAT_V2, FORMAT_V3)
-"""Every format and version this reader implements, oldest first."""
 ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
 _COLUMNS: Final = ("name", "dtype", "shape", "file", "codec", "hash", "data", "changed")
 _HASH_HEX: Final = 32

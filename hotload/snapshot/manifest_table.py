@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from typing import Any, Final, NoReturn
 
+from hotload.api.formats import FORMAT_V3
 from hotload.errors import ManifestInvalid
 from hotload.snapshot.dtypes import DTYPES
 from hotload.snapshot.limits import MAX_DIMS, MAX_FILES, MAX_TENSORS
 
-FORMAT_V3: Final = "hotload-delta/v3"
 MAGIC: Final = b"HLD\x03"
 """First bytes of a v3 table (inside its zstd frame)."""
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
+from hotload.api.labels import INSTANCE_LABEL
 from hotload.api.pod import ANNOTATION_RUNTIME, ENV_DEPLOYMENT, RUNTIME_SHARED
 
 OUR_COMMAND: Final = "hotload"
@@ -107,7 +108,7 @@ def deployment_of(pod: Pod) -> str:
             if entry.get("name") == ENV_DEPLOYMENT and "value" in entry:
                 return str(entry["value"])
     labels = pod.get("metadata", {}).get("labels") or {}
-    return str(labels.get("app.kubernetes.io/instance") or pod["metadata"]["name"])
+    return str(labels.get(INSTANCE_LABEL) or pod["metadata"]["name"])
 
 
 def pod_key(pod: Pod) -> str:

@@ -23,9 +23,9 @@ import pytest
 from kubernetes import client as k8s
 
 from hotload.api import SnapshotKind
+from hotload.api.labels import DEPLOYMENT_LABEL
 from hotload.local import LocalRegions
 from hotload.publish import Publisher, PublisherSettings, RegionOutcome
-from hotload.publish.region_client import DEPLOYMENT_LABEL
 from hotload.snapshot import FORMAT, MANIFEST_NAME
 from tests.fixtures.apiserver_outage import apiserver_down
 from tests.fixtures.hotload_cli import hotload

@@ -29,3 +29,18 @@ def test_conditions_stay_sorted_and_unique_by_type() -> None:
 
 def test_rfc3339_is_utc_with_a_z() -> None:
     assert rfc3339(T0 + timedelta(microseconds=5)) == "2026-11-23T09:00:00Z"
+
+
+def test_set_condition_and_the_operator_s_merge_are_one_rule() -> None:
+    from hotload.api.conditions import DesiredCondition, merge_conditions
+
+    later = T0.replace(minute=T0.minute + 1)
+    typed = set_condition([], "Ready", False, "Rolling", "0/3", now=T0)
+    typed = set_condition(typed, "Ready", False, "Rolling", "1/3", now=later)
+    wire = merge_conditions(
+        [c.to_k8s() for c in set_condition([], "Ready", False, "Rolling", "0/3", now=T0)],
+        [DesiredCondition("Ready", ConditionStatus.FALSE, "Rolling", "1/3")],
+        observed_generation=None,
+        now=later,
+    )
+    assert [c.to_k8s() for c in typed] == wire

@@ -49,3 +49,10 @@ def test_the_three_classes_do_not_overlap() -> None:
 
 def test_an_unknown_word_concerns_only_its_replica() -> None:
     assert reason_class("SomethingNew") is ReasonClass.REPLICA
+
+
+def test_a_target_inconsistent_with_its_manifest_is_not_a_chain_break() -> None:
+    # CONTRACTS.md, "Target faults are not snapshot faults": only the snapshot's own bytes
+    # and chain can mark ChainValid=False.
+    assert reasons.TARGET_INCONSISTENT not in reasons.CHAIN_BREAKING_REASONS
+    assert reason_class(reasons.TARGET_INCONSISTENT) is ReasonClass.REPLICA

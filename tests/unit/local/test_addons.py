@@ -16,9 +16,10 @@ import boto3
 import pytest
 import yaml
 
+from hotload.api.labels import REPLICA_NAME
 from hotload.local import addons, object_storage, prometheus, wan
 from hotload.local.region import Region, RegionAddons, RegionPorts
-from hotload.operator.workload import REPLICA_NAME, selector_labels
+from hotload.operator.workload import selector_labels
 
 CHART = Path(__file__).parents[3] / "charts" / "hotload"
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from hotload.api import ConditionStatus, ReplicaState, RolloutDeploymentSpec, SnapshotKind
-from hotload.operator.ledger import LedgerEntry
+from hotload.operator.ledger import parse_ledger
 from hotload.operator.plan import Observation, ObservedDeployment
 from hotload.operator.pods import PodReport
 from hotload.operator.rollout import ChainVerdict, SnapshotInfo
@@ -91,11 +91,7 @@ def observed_snapshot(
     created: datetime = T0,
 ) -> ObservedSnapshot:
     status = dict(status or {})
-    ledger = {
-        name: entry
-        for name, raw in (status.get("replicas") or {}).items()
-        if (entry := LedgerEntry.from_wire(raw)) is not None
-    }
+    ledger = parse_ledger(status.get("replicas"))
     return ObservedSnapshot(info, f"uid-{info.identity}", created, 1, status, ledger)
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from hotload.api import ReplicaState
+from datetime import datetime
+
+from hotload.api import LoadPath, ReplicaRecord, ReplicaState
 from hotload.operator.ledger import (
-    LedgerEntry,
     count_fleet,
     fold_ledger,
     ledger_entry,
     ledger_patch,
+    parse_ledger,
 )
 from hotload.operator.pods import PodReport
 from tests.unit.operator.builders import T0, at, pod
@@ -20,13 +22,32 @@ def order_of(identity: str | None) -> tuple[int, int] | None:
     return ORDERS.get(identity or "")
 
 
-def entry(p: PodReport, identity: str, recorded: LedgerEntry | None = None) -> LedgerEntry:
+def record(
+    state: ReplicaState,
+    snapshot: str | None = None,
+    since: datetime | None = None,
+    via: str | None = None,
+    reason: str | None = None,
+    message: str | None = None,
+) -> ReplicaRecord:
+    """A ledger entry, positionally."""
+    return ReplicaRecord(
+        state=state,
+        snapshot=snapshot,
+        since=since,
+        via=LoadPath(via) if via else None,
+        reason=reason,
+        message=message,
+    )
+
+
+def entry(p: PodReport, identity: str, recorded: ReplicaRecord | None = None) -> ReplicaRecord:
     return ledger_entry(p, ORDERS[identity], order_of, recorded, at(60))
 
 
 def test_replica_at_the_snapshot_is_ready_since_it_said_so() -> None:
     e = entry(pod(0, "s1", since=at(5), via="delta"), "s1")
-    assert e == LedgerEntry(ReplicaState.READY, "s1", at(5), "delta")
+    assert e == record(ReplicaState.READY, "s1", at(5), "delta")
 
 
 def test_replica_past_the_snapshot_counts_as_ready_and_says_what_it_serves() -> None:
@@ -59,7 +80,7 @@ def test_new_pod_without_a_report_is_loading_since_its_creation() -> None:
 
 
 def test_unchanged_stance_keeps_the_recorded_entry_so_nothing_is_written() -> None:
-    recorded = LedgerEntry(ReplicaState.READY, "s1", at(1), "delta")
+    recorded = record(ReplicaState.READY, "s1", at(1), "delta")
     again = entry(pod(0, "s1", since=at(9), via="delta"), "s1", recorded)
     assert again is recorded
     assert ledger_patch({"demo-0": recorded}, {"demo-0": again}) == {}
@@ -74,7 +95,7 @@ def test_fold_counts_ready_and_patch_names_changes_and_removals() -> None:
     pods = [pod(0, "s1"), pod(1, "s0", target="s1", state=ReplicaState.LOADING)]
     fold = fold_ledger(pods, ORDERS["s1"], order_of, {}, at(60))
     assert fold.ready == 1
-    stale = LedgerEntry(ReplicaState.LOADING, None, T0)
+    stale = record(ReplicaState.LOADING, None, T0)
     patch = ledger_patch({"demo-0": stale, "demo-7": stale}, fold.entries)
     assert patch["demo-7"] is None
     assert patch["demo-0"] == {
@@ -85,9 +106,9 @@ def test_fold_counts_ready_and_patch_names_changes_and_removals() -> None:
 
 
 def test_entry_wire_round_trip() -> None:
-    e = LedgerEntry(ReplicaState.FAILED, "s0", at(3), "replay", "DecodeFailed", "bad codec")
-    assert LedgerEntry.from_wire(e.to_wire()) == e
-    assert LedgerEntry.from_wire({"state": "Dancing"}) is None
+    e = record(ReplicaState.FAILED, "s0", at(3), "replay", "DecodeFailed", "bad codec")
+    assert parse_ledger({"demo-0": e.to_k8s()}) == {"demo-0": e}
+    assert parse_ledger({"demo-0": {"state": "Dancing"}}) == {}
 
 
 def test_counts_cover_desired_replicas_only() -> None:

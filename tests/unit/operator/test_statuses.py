@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hotload.api import ConditionStatus, KvCachePolicy, ReplicaState, SnapshotKind, SnapshotRef
-from hotload.operator.conditions import merge_conditions
+from hotload.api.conditions import merge_conditions
 from hotload.operator.deployment_status import plan_deployment_status
 from hotload.operator.ledger import count_fleet
 from hotload.operator.rollout import ChainVerdict
@@ -125,7 +125,7 @@ def test_zero_replicas_rolls_the_target_at_once() -> None:
 
 
 def test_condition_transition_time_moves_only_when_status_changes() -> None:
-    from hotload.operator.conditions import DesiredCondition
+    from hotload.api.conditions import DesiredCondition
 
     first = merge_conditions(
         [], [DesiredCondition("Ready", ConditionStatus.FALSE, "Rolling", "0/2")],

@@ -8,15 +8,10 @@ from typing import Any
 import pytest
 import zstandard
 
+from hotload.api.formats import FORMAT_V1, FORMAT_V2
 from hotload.errors import ManifestInvalid, SizeLimitExceeded, UnsafePath
 from hotload.snapshot import FORMAT, MANIFEST_NAME, Manifest, parse_manifest
-from hotload.snapshot.manifest_codec import (
-    FORMAT_V1,
-    FORMAT_V2,
-    ZSTD_MAGIC,
-    dump_document,
-    load_document,
-)
+from hotload.snapshot.manifest_codec import ZSTD_MAGIC, dump_document, load_document
 from hotload.snapshot.manifest_table import MAGIC
 from hotload.snapshot.paths import safe_relpath
 

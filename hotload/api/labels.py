@@ -1,0 +1,38 @@
+"""Labels, annotations and finalizers hotload puts on Kubernetes objects (beside the pod
+contract of :mod:`hotload.api.pod`).
+
+The operator selects its replica pods and owned objects by these, the publisher marks the
+PolicySnapshots it applies, the local runtime and the CLI read them back: one spelling
+each, here.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Kubernetes' recommended labels.
+NAME_LABEL: Final = "app.kubernetes.io/name"
+INSTANCE_LABEL: Final = "app.kubernetes.io/instance"
+"""On replica pods and owned objects: the RolloutDeployment's name."""
+MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
+PART_OF_LABEL: Final = "app.kubernetes.io/part-of"
+
+REPLICA_NAME: Final = "hotload-replica"
+"""The ``app.kubernetes.io/name`` of every replica pod."""
+MANAGED_BY_OPERATOR: Final = "hotload"
+"""``app.kubernetes.io/managed-by`` of the objects the operator renders and applies."""
+MANAGED_BY_PUBLISHER: Final = "hotload-publish"
+"""``app.kubernetes.io/managed-by`` of the PolicySnapshots the publisher applies."""
+PART_OF: Final = "hotload"
+"""``app.kubernetes.io/part-of`` of the CRDs and the chart's objects."""
+
+DEPLOYMENT_LABEL: Final = "hotload.dev/deployment"
+"""On every PolicySnapshot the publisher applies: the RolloutDeployment it is for."""
+PUBLISH_ENDPOINT_ANNOTATION: Final = "hotload.dev/publish-endpoint"
+"""On a RolloutDeployment: where the trainer's side reaches this region's bucket, when that
+differs from the in-region ``spec.hotLoad.endpoint`` the replicas use (e.g. across a WAN
+proxy)."""
+
+OPERATOR_FINALIZER: Final = "hotload.dev/operator"
+OPERATOR_ANNOTATION_PREFIX: Final = "operator.hotload.dev"
+"""kopf's progress and diff-base annotations on our objects live under this prefix."""
