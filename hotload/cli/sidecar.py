@@ -31,6 +31,8 @@ def config_from_env(
     download_part_size: int,
     hold_timeout_s: float,
     sync_drain_timeout_s: float = 60.0,
+    max_request_bytes: int = 16 * 1024 * 1024,
+    max_json_depth: int = 64,
 ) -> AgentConfig:
     """The agent's config from the pod contract's environment (``ConfigError`` if short)."""
     from hotload.sidecar.config import config_from_pod_env
@@ -43,6 +45,8 @@ def config_from_env(
         download_part_size=download_part_size,
         hold_timeout_s=hold_timeout_s,
         sync_drain_timeout_s=sync_drain_timeout_s,
+        max_request_bytes=max_request_bytes,
+        max_json_depth=max_json_depth,
     )
 
 
@@ -106,6 +110,12 @@ def sidecar(
         min=0.0,
         help="SYNC: the longest a swap waits for in-flight requests before swapping anyway.",
     ),
+    max_request_bytes: int = typer.Option(
+        16 * 1024 * 1024, "--max-request-bytes", min=1024, help="Refuse (413) a larger body."
+    ),
+    max_json_depth: int = typer.Option(
+        64, "--max-json-depth", min=2, help="The front refuses (400) JSON nesting deeper."
+    ),
 ) -> None:
     """Run the weight-swap agent of this pod (env from the downward API)."""
     environ = dict(os.environ)
@@ -116,5 +126,7 @@ def sidecar(
         download_part_size=download_part_size,
         hold_timeout_s=hold_timeout,
         sync_drain_timeout_s=sync_drain_timeout,
+        max_request_bytes=max_request_bytes,
+        max_json_depth=max_json_depth,
     )
     asyncio.run(_run(environ, config))

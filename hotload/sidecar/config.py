@@ -82,6 +82,10 @@ class AgentConfig:
     """ASYNC: how long a new request may wait for a swap to end before it is refused."""
     retry_after_s: int = 1
     """SYNC: the ``Retry-After`` of a 425 answered during a swap."""
+    max_request_bytes: int = 16 * 1024 * 1024
+    """The front refuses (413) a request body larger than this."""
+    max_json_depth: int = 64
+    """The front refuses (400) a request body nesting JSON deeper than this."""
 
     @property
     def staging_dir(self) -> Path:

@@ -1,28 +1,47 @@
 """The sidecar's HTTP surface: probes, status, metrics, and the OpenAI-compatible front.
 
-- ``/healthz``: the process serves HTTP (liveness).
-- ``/readyz``: it serves HTTP *and* the engine answers (the pod's readiness probe; the
+It is the pod's one serving port (the engine listens inside the pod only: docs/security.md),
+so what it forwards is an allow-list, never a prefix:
+
+- ``GET /healthz``: the process serves HTTP (liveness).
+- ``GET /readyz``: it serves HTTP *and* the engine answers (the pod's readiness probe; the
   snapshot is the readiness gate's job, not this one).
-- ``/status``: :class:`~hotload.sidecar.status.StatusReport` as JSON.
-- ``/metrics``: the agent's own Prometheus registry.
-- ``/v1/*``: proxied to the engine with streaming pass-through; every response and every
-  streamed chunk names its policy (``model: <servedName>@<identity>``), every response
-  carries ``x-hotload-policy`` (for a stream, the identity it started on), and the
-  session header ``x-multi-turn-session-id`` passes through both ways. Around swaps the
-  :class:`~hotload.sidecar.swap_gate.SwapGate` holds (ASYNC) or refuses with 425 (SYNC).
+- ``GET /status``: :class:`~hotload.sidecar.status.StatusReport` as JSON.
+- ``GET /metrics``: the agent's own Prometheus registry.
+- :data:`OPENAI_ROUTES` (``GET /v1/models``, ``POST /v1/completions``, ``POST
+  /v1/chat/completions``): proxied to the engine under their own, constant path, with
+  streaming pass-through; every response and every streamed chunk names its policy
+  (``model: <servedName>@<identity>``), every response carries ``x-hotload-policy`` (for a
+  stream, the identity it started on), and the session header ``x-multi-turn-session-id``
+  passes through both ways. Around swaps the :class:`~hotload.sidecar.swap_gate.SwapGate`
+  holds (ASYNC) or refuses with 425 (SYNC).
+
+Everything else is refused before it reaches a handler: a request path that is not plain
+``/segment/segment`` (a dot segment, a percent-escape such as ``%2e`` or ``%2F``, a
+backslash, an empty segment) is 400, an unknown path 404 — the engine's admin routes
+(``/admin/*``, vLLM's ``/v1/load_lora_adapter``, SGLang's ``/update_weights_from_disk``)
+are never reachable through the front. Bodies are capped (``413`` past
+``max_request_bytes``), must be one JSON object (``400`` otherwise) and nest at most
+``max_json_depth`` deep (``400``).
+
+The handlers are module-level functions over one :class:`FrontState` in the app's state,
+so the routes are read in one place and each agent's app holds only its own state.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+import re
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
 
 import httpx
-from fastapi import FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hotload.api.pod import POLICY_HEADER
 from hotload.engines.protocol import Engine
@@ -32,6 +51,20 @@ from hotload.sidecar.status import StatusReport
 from hotload.sidecar.swap_gate import HoldTimeout, SwapGate, TooEarly
 
 log = logging.getLogger(__name__)
+
+#: The engine routes the front forwards, and the one method of each: nothing else of the
+#: engine is reachable through the pod's port.
+OPENAI_ROUTES: Final[Mapping[str, str]] = {
+    "/v1/models": "GET",
+    "/v1/completions": "POST",
+    "/v1/chat/completions": "POST",
+}
+#: Default cap of a request body (a long chat with tools is well under a megabyte).
+DEFAULT_MAX_REQUEST_BYTES: Final = 16 * 1024 * 1024
+#: Default cap of a request body's JSON nesting (OpenAI requests nest a handful deep).
+DEFAULT_MAX_JSON_DEPTH: Final = 64
+#: A path the front will route: ``/`` then plain segments, nothing to decode or normalise.
+_PLAIN_PATH: Final = re.compile(rb"(?:/[A-Za-z0-9_-]+)+")
 
 #: Headers that describe one hop, never forwarded (RFC 9110 §7.6.1), plus those we set.
 _HOP_HEADERS = frozenset(
@@ -81,6 +114,22 @@ class FrontSource(Protocol):
     def status_report(self) -> StatusReport: ...
 
 
+@dataclass(frozen=True)
+class FrontState:
+    """One agent's front: what its handlers read (``app.state.front``)."""
+
+    source: FrontSource
+    client: httpx.AsyncClient
+    """The front's HTTP client to the engine (borrowed: the agent closes it)."""
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+
+
+def _front(request: Request) -> FrontState:
+    state: FrontState = request.app.state.front
+    return state
+
+
 def _error(
     status: int,
     message: str,
@@ -101,8 +150,98 @@ def _error(
     )
 
 
-def _forward_headers(request: Request) -> dict[str, str]:
-    return {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+class PlainPathGuard:
+    """ASGI middleware: refuse (400) any request whose raw path is not plain segments.
+
+    uvicorn hands the app a percent-decoded path (``%2e%2e`` becomes ``..``, ``%2F`` a
+    slash) and the HTTP client that forwards normalises dot segments: judging the raw
+    bytes here, before routing, leaves nothing for either to reinterpret. Routes then match
+    exactly (no trailing-slash redirects), so the path forwarded is always a constant.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            raw = scope.get("raw_path") or str(scope.get("path", "")).encode("latin-1")
+            if not _PLAIN_PATH.fullmatch(raw):
+                refusal = _error(400, "the request path is not a plain path", "invalid_path")
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+router = APIRouter()
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> Response:
+    engine = _front(request).source.current_engine()
+    if engine is None:
+        return JSONResponse({"status": "no engine yet"}, status_code=503)
+    if not await engine.health():
+        return JSONResponse({"status": "engine not answering"}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/status")
+async def status(request: Request) -> Response:
+    report = _front(request).source.status_report()
+    return JSONResponse(report.model_dump(mode="json", by_alias=True))
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    registry = _front(request).source.registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def proxy(request: Request) -> Response:
+    """One of :data:`OPENAI_ROUTES`, forwarded under its own constant path."""
+    path = request.scope["path"]
+    if OPENAI_ROUTES.get(path) != request.method:  # the routes match exactly: never here
+        return _error(404, "no such route", "not_found")
+    return await _proxy(_front(request), path, request)
+
+
+for _path, _method in OPENAI_ROUTES.items():
+    router.add_api_route(_path, proxy, methods=[_method], include_in_schema=False)
+
+
+def build_front(
+    source: FrontSource,
+    client: httpx.AsyncClient,
+    *,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
+) -> FastAPI:
+    """The FastAPI app of one agent: the module's routes over its own state."""
+    app = FastAPI(
+        title="hotload sidecar",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        redirect_slashes=False,
+    )
+    app.state.front = FrontState(source, client, max_request_bytes, max_json_depth)
+    app.include_router(router)
+    app.add_middleware(PlainPathGuard)
+    return app
+
+
+def _forward_headers(request: Request, *, json_body: bool) -> dict[str, str]:
+    """The client's headers but one hop's own; the body forwarded is JSON the front wrote,
+    and says so whatever the client declared."""
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+    if json_body:
+        headers["content-type"] = "application/json"
+    return headers
 
 
 def _strip_policy(model: Any) -> Any:
@@ -110,42 +249,76 @@ def _strip_policy(model: Any) -> Any:
     return model.split("@", 1)[0] if isinstance(model, str) else model
 
 
-def build_front(source: FrontSource, client: httpx.AsyncClient) -> FastAPI:
-    """The FastAPI app of one agent (its own routes, registry and HTTP client)."""
-    app = FastAPI(title="hotload sidecar", docs_url=None, redoc_url=None, openapi_url=None)
+class _BodyRefused(Exception):
+    """A request body the front will not forward; carries the answer."""
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @app.get("/readyz")
-    async def readyz() -> Response:
-        engine = source.current_engine()
-        if engine is None:
-            return JSONResponse({"status": "no engine yet"}, status_code=503)
-        if not await engine.health():
-            return JSONResponse({"status": "engine not answering"}, status_code=503)
-        return JSONResponse({"status": "ok"})
-
-    @app.get("/status")
-    async def status() -> Response:
-        report = source.status_report()
-        return JSONResponse(report.model_dump(mode="json", by_alias=True))
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(source.registry), media_type=CONTENT_TYPE_LATEST)
-
-    @app.api_route("/v1/{path:path}", methods=["GET", "POST"])
-    async def proxy(path: str, request: Request) -> Response:
-        return await _proxy(source, client, f"/v1/{path}", request)
-
-    return app
+    def __init__(self, status: int, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
 
 
-async def _proxy(
-    source: FrontSource, client: httpx.AsyncClient, path: str, request: Request
-) -> Response:
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests objects/arrays more than ``limit`` deep (no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (413) as soon as it is known to exceed ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _BodyRefused(413, f"the request body exceeds {limit} bytes", "request_too_large")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _BodyRefused(413, f"the request body exceeds {limit} bytes", "request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _json_body(front: FrontState, request: Request) -> dict[str, Any]:
+    """A POST's body: one JSON object within the front's size and depth caps."""
+    raw = await _read_body(request, front.max_request_bytes)
+    try:
+        parsed = json.loads(raw, parse_constant=_refuse_constant)
+    except RecursionError:
+        parsed = None
+        deep = True
+    except ValueError:
+        raise _BodyRefused(400, "the request body is not JSON", "invalid_request_error") from None
+    else:
+        deep = _deeper_than(parsed, front.max_json_depth)
+    if deep:
+        raise _BodyRefused(
+            400,
+            f"the request body nests deeper than {front.max_json_depth}",
+            "invalid_request_error",
+        )
+    if not isinstance(parsed, dict):
+        raise _BodyRefused(400, "the request body is not a JSON object", "invalid_request_error")
+    return parsed
+
+
+async def _proxy(front: FrontState, path: str, request: Request) -> Response:
+    source, client = front.source, front.client
     engine = source.current_engine()
     served_name = source.served_name()
     serving = source.served_identity()
@@ -153,18 +326,14 @@ async def _proxy(
         return _error(
             503, "no engine to serve this request yet", "engine_unavailable", policy=serving
         )
-    raw = await request.body()
     body: dict[str, Any] | None = None
-    if raw and request.method == "POST":
+    if request.method == "POST":
         try:
-            parsed = json.loads(raw)
-        except ValueError:
-            return _error(
-                400, "the request body is not JSON", "invalid_request_error", policy=serving
-            )
-        if isinstance(parsed, dict):
-            parsed["model"] = _strip_policy(parsed.get("model", served_name))
-            body = engine.prepare_request(path, parsed)
+            parsed = await _json_body(front, request)
+        except _BodyRefused as refused:
+            return _error(refused.status, str(refused), refused.kind, policy=serving)
+        parsed["model"] = _strip_policy(parsed.get("model", served_name))
+        body = engine.prepare_request(path, parsed)
     streaming = bool(body and body.get("stream"))
     gate = source.gate
     try:
@@ -187,9 +356,8 @@ async def _proxy(
     outbound = client.build_request(
         request.method,
         f"{engine.base_url}{path}",
-        params=request.query_params,
-        headers=_forward_headers(request),
-        content=json.dumps(body).encode() if body is not None else raw,
+        headers=_forward_headers(request, json_body=body is not None),
+        content=json.dumps(body).encode() if body is not None else None,
     )
     try:
         upstream = await client.send(outbound, stream=True)

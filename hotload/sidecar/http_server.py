@@ -34,7 +34,12 @@ async def serve_front(
     source: FrontSource, client: httpx.AsyncClient, config: AgentConfig, ready: asyncio.Event
 ) -> None:
     """Serve until cancelled; ``ready`` is set once the socket listens."""
-    app = build_front(source, client)
+    app = build_front(
+        source,
+        client,
+        max_request_bytes=config.max_request_bytes,
+        max_json_depth=config.max_json_depth,
+    )
     server = _EmbeddedServer(
         uvicorn.Config(
             app,

@@ -11,6 +11,13 @@ from kubernetes import client as k8s
 from hotload.local import LocalRegions
 from hotload.storage import Storage, open_storage
 from tests.fixtures.trainer import Trainer
+from tests.integration.engines.conftest import EngineProcess, start_engine, stop_engine
+from tests.integration.sidecar.front_server import (
+    MAX_DEPTH,
+    MAX_REQUEST_BYTES,
+    FrontServer,
+    StandInAgent,
+)
 from tests.integration.sidecar.harness import SidecarHarness
 
 
@@ -54,3 +61,23 @@ def harness(
         yield harness
     finally:
         harness.stop_all()
+
+
+@pytest.fixture(scope="module")
+def front_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    """A reference engine process for the front's tests (one per module)."""
+    process = start_engine(Path(tmp_path_factory.mktemp("front-engine")))
+    try:
+        yield process
+    finally:
+        stop_engine(process)
+
+
+@pytest.fixture(scope="module")
+def front(front_engine: EngineProcess) -> Iterator[FrontServer]:
+    """A real front before ``front_engine``, with the test caps of front_server.py."""
+    agent = StandInAgent(front_engine.base_url, front_engine.started_as["identity"])
+    with FrontServer(
+        agent, max_request_bytes=MAX_REQUEST_BYTES, max_json_depth=MAX_DEPTH
+    ) as server:
+        yield server
