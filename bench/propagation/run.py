@@ -440,7 +440,7 @@ class Bench:
         began = time.monotonic()
         self.applied_wall = time.time()
         self.custom.create_namespaced_custom_object(
-            GROUP, VERSION, namespace, "policysnapshots", snapshot.manifest(DEPLOYMENT)
+            GROUP, VERSION, namespace, "policysnapshots", snapshot.policy_snapshot(DEPLOYMENT)
         )
         return began
 

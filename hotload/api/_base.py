@@ -12,7 +12,7 @@ class ApiModel(BaseModel):
     """Base of every API object part.
 
     Fields are snake_case in Python and camelCase in Kubernetes; unknown fields are
-    refused (``extra='forbid'``) so a typo in a manifest is an error, not a silent
+    refused (``extra='forbid'``) so a typo in an object is an error, not a silent
     default. Docstrings become the CRD's schema descriptions.
     """
 

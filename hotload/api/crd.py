@@ -4,7 +4,7 @@ The models are the one source of truth; ``crds/*.yaml`` is this module's output,
 in and compared by a test. Pydantic's JSON schema is turned into a *structural* OpenAPI v3
 schema (no ``$ref``, no ``anyOf`` for optionals, no ``additionalProperties`` beside
 ``properties``), and the server-side rules the API server enforces (CEL) are added here,
-next to the printer columns, so a bad manifest is refused by the API server itself.
+next to the printer columns, so a bad object is refused by the API server itself.
 """
 
 from __future__ import annotations

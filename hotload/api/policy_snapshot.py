@@ -11,8 +11,9 @@ from pydantic import Field, field_serializer, model_validator
 from hotload.api._base import ApiModel, ApiStatusModel
 from hotload.api.conditions import Condition, rfc3339
 from hotload.api.formats import FORMAT_V1, FileHash
+from hotload.api.identity import ValidIdentity
 from hotload.api.kinds import KvCachePolicy, SnapshotKind
-from hotload.api.snapshot_ref import Identity, SnapshotRef
+from hotload.api.snapshot_ref import SnapshotRef
 
 KIND: Final = "PolicySnapshot"
 PLURAL: Final = "policysnapshots"
@@ -32,7 +33,7 @@ class DeploymentRef(ApiModel):
 class IncrementalSpec(ApiModel):
     """How a delta relates to the snapshot before it."""
 
-    previous_identity: Identity
+    previous_identity: ValidIdentity
     """The snapshot this delta applies to."""
     compression_format: Annotated[str, Field(min_length=1, max_length=128)] = (
         DEFAULT_COMPRESSION_FORMAT
@@ -46,7 +47,7 @@ class PolicySnapshotSpec(ApiModel):
     """Immutable once created: a snapshot is a fact, not a wish."""
 
     deployment_ref: DeploymentRef
-    identity: Identity
+    identity: ValidIdentity
     """Equal to metadata.name; the bucket prefix of this snapshot."""
     step: Annotated[int, Field(ge=0)]
     """Trainer step, monotonic per deployment."""

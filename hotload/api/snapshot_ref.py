@@ -7,17 +7,14 @@ from typing import Annotated
 from pydantic import Field
 
 from hotload.api._base import ApiStatusModel
-from hotload.api.kinds import IDENTITY_MAX_LENGTH, IDENTITY_PATTERN, KvCachePolicy, SnapshotKind
-
-Identity = Annotated[
-    str, Field(min_length=1, max_length=IDENTITY_MAX_LENGTH, pattern=IDENTITY_PATTERN)
-]
+from hotload.api.identity import ValidIdentity
+from hotload.api.kinds import KvCachePolicy, SnapshotKind
 
 
 class SnapshotRef(ApiStatusModel):
     """A snapshot as a deployment's status names it: enough for a sidecar to act alone."""
 
-    identity: Identity
+    identity: ValidIdentity
     """The PolicySnapshot's name and its bucket prefix."""
     step: Annotated[int, Field(ge=0)]
     """The trainer's step; snapshots of one deployment are ordered by it."""

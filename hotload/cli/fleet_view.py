@@ -18,6 +18,7 @@ from typing import Any, Final
 from hotload.api import GROUP, VERSION
 from hotload.api import pod as contract
 from hotload.api.conditions import AVAILABLE, DEGRADED, PROGRESSING, SNAPSHOT_READY
+from hotload.api.kinds import Identity
 from hotload.api.labels import INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGED_BY_OPERATOR
 from hotload.api.policy_snapshot import PLURAL as SNAPSHOTS
 from hotload.api.rollout_deployment import PLURAL as DEPLOYMENTS
@@ -269,7 +270,7 @@ def sort_replicas(rows: Iterable[ReplicaRow]) -> list[ReplicaRow]:
     )  # fmt: skip
 
 
-def snapshot_ledger_rows(objects: RegionObjects, identity: str) -> list[ReplicaRow]:
+def snapshot_ledger_rows(objects: RegionObjects, identity: Identity) -> list[ReplicaRow]:
     """The recorded ledger of one PolicySnapshot (how it rolled out), as replica rows."""
     rows = []
     for body in objects.snapshots:

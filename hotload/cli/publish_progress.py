@@ -13,6 +13,7 @@ from rich.live import Live
 from rich.table import Table
 
 from hotload.api import SnapshotKind
+from hotload.api.kinds import Identity
 from hotload.publish import Phase, PublishResult, RegionResult
 
 
@@ -63,7 +64,7 @@ class LinesProgress:
             print(line, file=self._stream, flush=True)
 
     def snapshot_encoded(
-        self, identity: str, kind: SnapshotKind, step: int, stored_bytes: int, full_bytes: int
+        self, identity: Identity, kind: SnapshotKind, step: int, stored_bytes: int, full_bytes: int
     ) -> None:
         ratio = f", {full_bytes / stored_bytes:.0f}x smaller" if stored_bytes else ""
         self._say(f"{identity}: {kind.value} of step {step}, {_bytes(stored_bytes)}{ratio}")
@@ -115,7 +116,7 @@ class LiveProgress:
         self._live.update(self._table())
 
     def snapshot_encoded(
-        self, identity: str, kind: SnapshotKind, step: int, stored_bytes: int, full_bytes: int
+        self, identity: Identity, kind: SnapshotKind, step: int, stored_bytes: int, full_bytes: int
     ) -> None:
         with self._lock:
             self._title = f"{identity} ({kind.value}, step {step}, {_bytes(stored_bytes)})"

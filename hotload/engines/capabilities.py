@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from hotload.api import KvCachePolicy, SnapshotKind
+from hotload.api.kinds import Identity
 
 
 @runtime_checkable
@@ -32,7 +33,7 @@ class PatchesInPlace(Protocol):
     """An engine that patches its served weights with a verified delta."""
 
     async def apply_delta(
-        self, path: Path, identity: str, *, cache_policy: KvCachePolicy | None = None
+        self, path: Path, identity: Identity, *, cache_policy: KvCachePolicy | None = None
     ) -> None:
         """Patch the served weights with the delta at ``path`` (the snapshot directory as
         fetched, manifest included), then serve them as ``identity``; ``cache_policy``
@@ -49,7 +50,7 @@ class SwapsBetweenTokens(Protocol):
     async def load_between_tokens(
         self,
         path: Path,
-        identity: str,
+        identity: Identity,
         *,
         kind: SnapshotKind,
         cache_policy: KvCachePolicy | None,

@@ -13,6 +13,7 @@ import hashlib
 import logging
 from collections.abc import Mapping
 
+from hotload.api.kinds import Identity
 from hotload.errors import EngineRejected
 
 log = logging.getLogger(__name__)
@@ -40,10 +41,10 @@ class ChecksumLedger:
     def __init__(self, engine: str, *, keep: int = 16) -> None:
         self._engine = engine
         self._keep = keep
-        self._by_identity: dict[str, str] = {}
+        self._by_identity: dict[Identity, str] = {}
         self._last: tuple[str, str] | None = None
 
-    def check(self, identity: str, checksum: str, *, url: str) -> None:
+    def check(self, identity: Identity, checksum: str, *, url: str) -> None:
         """Record ``checksum`` for ``identity``; ``EngineRejected`` when it differs from
         the one recorded for it before (the engine serves other weights than then)."""
         known = self._by_identity.get(identity)

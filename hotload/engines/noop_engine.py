@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hotload.api import EngineKind, KvCachePolicy, SnapshotKind
+from hotload.api.kinds import Identity
 from hotload.engines.protocol import EngineReport, PauseMode
 
 
@@ -19,7 +20,7 @@ class NoopEngine:
     """An engine that is always healthy and loads anything instantly."""
 
     def __init__(self) -> None:
-        self._identity: str | None = None
+        self._identity: Identity | None = None
         self._instance = uuid.uuid4().hex
         self._paused = False
         self.loads: list[tuple[Path, str, SnapshotKind]] = []
@@ -53,7 +54,7 @@ class NoopEngine:
     async def report(self, *, digest: bool = False) -> EngineReport:
         return EngineReport(self._identity, self._instance, None)
 
-    async def load_weights(self, path: Path, identity: str, *, kind: SnapshotKind) -> None:
+    async def load_weights(self, path: Path, identity: Identity, *, kind: SnapshotKind) -> None:
         self.loads.append((path, identity, kind))
         self._identity = identity
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from hotload.api import EngineKind, KvCachePolicy, SnapshotKind
+from hotload.api.kinds import Identity
 
 
 class PauseMode(StrEnum):
@@ -47,7 +48,7 @@ class PauseMode(StrEnum):
 class EngineReport:
     """What an engine says it serves, in its own words."""
 
-    identity: str | None
+    identity: Identity | None
     """The identity of the weights it serves; None while it serves weights it was not
     handed by a sidecar (its launch weights: the reference engine's ``init``, SGLang's and
     vLLM's ``default``)."""
@@ -96,7 +97,7 @@ class Engine(Protocol):
         checks leave it off). ``EngineUnavailable`` when it does not answer."""
         ...
 
-    async def load_weights(self, path: Path, identity: str, *, kind: SnapshotKind) -> None:
+    async def load_weights(self, path: Path, identity: Identity, *, kind: SnapshotKind) -> None:
         """Swap in the weights under ``path`` and name them ``identity``.
 
         ``path`` is a full Hugging Face layout directory (config.json, *.safetensors) for

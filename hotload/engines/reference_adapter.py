@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from hotload.api import EngineKind, KvCachePolicy, SnapshotKind
+from hotload.api.kinds import Identity
 from hotload.engines.admin_http import json_object, response_detail
 from hotload.engines.http_adapter import HttpEngine
 from hotload.engines.identity_fields import reference_identities
@@ -82,13 +83,13 @@ class ReferenceEngine(HttpEngine):
             value if isinstance(value, str) else None,
         )
 
-    async def load_weights(self, path: Path, identity: str, *, kind: SnapshotKind) -> None:
+    async def load_weights(self, path: Path, identity: Identity, *, kind: SnapshotKind) -> None:
         await self.load_between_tokens(path, identity, kind=kind, cache_policy=None)
 
     async def load_between_tokens(
         self,
         path: Path,
-        identity: str,
+        identity: Identity,
         *,
         kind: SnapshotKind,
         cache_policy: KvCachePolicy | None,
@@ -104,7 +105,7 @@ class ReferenceEngine(HttpEngine):
         self._raise_for(response, "load", identity=identity, path=str(path))
 
     async def apply_delta(
-        self, path: Path, identity: str, *, cache_policy: KvCachePolicy | None = None
+        self, path: Path, identity: Identity, *, cache_policy: KvCachePolicy | None = None
     ) -> None:
         """Patch the served weights with the verified delta at ``path``, in place.
 

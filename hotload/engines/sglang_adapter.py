@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 import httpx
 
 from hotload.api import EngineKind, KvCachePolicy, SnapshotKind
+from hotload.api.kinds import Identity
 from hotload.engines.admin_http import json_object, response_detail
 from hotload.engines.engine_checksum import ChecksumLedger
 from hotload.engines.http_adapter import HttpEngine
@@ -136,7 +137,7 @@ class SGLangEngine(HttpEngine):
             )
         return str(checksum)
 
-    async def load_weights(self, path: Path, identity: str, *, kind: SnapshotKind) -> None:
+    async def load_weights(self, path: Path, identity: Identity, *, kind: SnapshotKind) -> None:
         if kind is SnapshotKind.LORA:
             await self._load_lora(path, identity)
             return
@@ -167,7 +168,7 @@ class SGLangEngine(HttpEngine):
             status=response.status_code,
         )
 
-    async def _load_lora(self, path: Path, identity: str) -> None:
+    async def _load_lora(self, path: Path, identity: Identity) -> None:
         if self._lora.active == identity:
             # Loading it again (a reload after a failed load or a restart): SGLang refuses
             # a name it holds ("already exists"), so it goes first.
@@ -190,7 +191,7 @@ class SGLangEngine(HttpEngine):
         await self._lora.replace(identity)
         await self._set_version(identity)
 
-    async def _set_version(self, identity: str) -> None:
+    async def _set_version(self, identity: Identity) -> None:
         response = await self._http.request(
             "POST",
             "/update_weight_version",

@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 
 from hotload.api import EngineKind, KvCachePolicy, SnapshotKind
+from hotload.api.kinds import Identity
 from hotload.engines.admin_http import json_object, response_detail
 from hotload.engines.engine_checksum import ChecksumLedger, checksums_digest
 from hotload.engines.http_adapter import HttpEngine
@@ -146,7 +147,7 @@ class VLLMEngine(HttpEngine):
             )
         return checksums_digest({str(k): str(v) for k, v in checksums.items()})
 
-    async def load_weights(self, path: Path, identity: str, *, kind: SnapshotKind) -> None:
+    async def load_weights(self, path: Path, identity: Identity, *, kind: SnapshotKind) -> None:
         if kind is SnapshotKind.LORA:
             await self._load_lora(path, identity)
             return
@@ -185,7 +186,7 @@ class VLLMEngine(HttpEngine):
         if self._checksums is not None:
             self._checksums.check(identity, await self.weights_checksum(), url=self.base_url)
 
-    async def _load_lora(self, path: Path, identity: str) -> None:
+    async def _load_lora(self, path: Path, identity: Identity) -> None:
         # Loading the served adapter again (a reload after a failed load or a restart):
         # vLLM refuses a name it holds unless load_inplace is set.
         again = self._lora.active == identity
@@ -220,7 +221,7 @@ class VLLMEngine(HttpEngine):
         await self._lora.replace(identity)
         await self._set_version(identity)
 
-    async def _set_version(self, identity: str) -> None:
+    async def _set_version(self, identity: Identity) -> None:
         response = await self._http.request(
             "POST", "/update_weight_version", json={"new_version": identity}
         )

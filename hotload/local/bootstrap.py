@@ -92,7 +92,7 @@ def crds_established(api: k8s.ApiClient, names: list[str]) -> bool:
     return True
 
 
-def node_manifest(region: Region, name: str) -> dict[str, Any]:
+def node_object(region: Region, name: str) -> dict[str, Any]:
     """A fake GPU node of ``region`` for kwok to run (status is kept on create for nodes)."""
     resources = {
         "cpu": NODE_CPU,
@@ -127,7 +127,7 @@ def create_nodes(api: k8s.ApiClient, region: Region) -> list[str]:
     for name in names:
         try:
             core.create_node(
-                cast(Any, node_manifest(region, name)), _request_timeout=REQUEST_TIMEOUT_S
+                cast(Any, node_object(region, name)), _request_timeout=REQUEST_TIMEOUT_S
             )
         except ApiException as err:
             if err.status != 409:

@@ -45,6 +45,7 @@ from typing import Final
 
 from hotload.api import SnapshotKind
 from hotload.api.conditions import CHAIN_VALID, DEGRADED, ConditionStatus
+from hotload.api.kinds import Identity
 from hotload.api.reasons import CHAIN_BREAKING_REASONS
 from hotload.errors import HotloadError, LocalRegionError
 from hotload.local import chart, replication, wan
@@ -387,7 +388,7 @@ def say_totals(timings: Sequence[RolloutTiming], regions: int, say: Say) -> None
         )
 
 
-def _snapshot_problems(session: RegionSession, identity: str) -> str:
+def _snapshot_problems(session: RegionSession, identity: Identity) -> str:
     """What a PolicySnapshot says when it is late: phase, conditions, failed replicas."""
     snapshot = session.snapshot(identity)
     if snapshot is None or snapshot.status is None:
@@ -524,10 +525,7 @@ def ask_fronts(regions: LocalRegions, spec: FleetSpec, say: Say) -> dict[str, tu
     for region in regions.regions:
         answer = complete(region, spec, PROMPT, max_tokens=12)
         answers[region.name] = (answer.model, answer.policy)
-        say(
-            f"  {region.name} answered as model={answer.model} (x-hotload-policy: "
-            f"{answer.policy})"
-        )
+        say(f"  {region.name} answered as model={answer.model} (x-hotload-policy: {answer.policy})")
     return answers
 
 

@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from hotload.api import GROUP, VERSION, PolicySnapshot, RolloutDeployment
 from hotload.api import pod as contract
 from hotload.api.conditions import Condition, find_condition
+from hotload.api.kinds import Identity
 from hotload.api.policy_snapshot import PLURAL as SNAPSHOTS
 from hotload.api.rollout_deployment import PLURAL as DEPLOYMENTS
 from hotload.errors import LocalRegionError
@@ -84,7 +85,7 @@ class RegionSession:
         raw = self._get(DEPLOYMENTS, self.deployment_name)
         return None if raw is None else RolloutDeployment.model_validate(raw)
 
-    def snapshot(self, identity: str) -> PolicySnapshot | None:
+    def snapshot(self, identity: Identity) -> PolicySnapshot | None:
         raw = self._get(SNAPSHOTS, identity)
         return None if raw is None else PolicySnapshot.model_validate(raw)
 
@@ -95,7 +96,7 @@ class RegionSession:
         )
         return [PolicySnapshot.model_validate(item) for item in listed["items"]]
 
-    def snapshot_condition(self, identity: str, kind: str) -> Condition | None:
+    def snapshot_condition(self, identity: Identity, kind: str) -> Condition | None:
         snapshot = self.snapshot(identity)
         if snapshot is None or snapshot.status is None:
             return None

@@ -20,6 +20,7 @@ from typing import Final
 import torch
 
 from hotload.api import KvCachePolicy, PolicySnapshot, SnapshotKind, SnapshotRef
+from hotload.api.kinds import Identity
 from hotload.engines.reference import model as reference_model
 from hotload.engines.reference import tokenizer
 from hotload.errors import ConfigError
@@ -42,7 +43,7 @@ BATCH: Final = 4
 
 @dataclass(frozen=True)
 class PublishedSnapshot:
-    identity: str
+    identity: Identity
     step: int
     kind: SnapshotKind
     previous: str | None
@@ -59,7 +60,7 @@ class PublishedSnapshot:
     def ratio(self) -> float:
         return self.full_bytes / self.stored_bytes if self.stored_bytes else 0.0
 
-    def manifest(self, deployment: str) -> PolicySnapshot:
+    def policy_snapshot(self, deployment: str) -> PolicySnapshot:
         """The PolicySnapshot the trainer applies to every region."""
         spec: dict[str, object] = {
             "deploymentRef": {"name": deployment},

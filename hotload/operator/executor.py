@@ -147,12 +147,12 @@ class KubeExecutor:
 
     # --- owned objects -----------------------------------------------------------------
 
-    async def apply(self, manifest: Mapping[str, Any]) -> Body:
+    async def apply(self, obj: Mapping[str, Any]) -> Body:
         """Server-side apply one owned object (created when absent, repaired when changed)."""
-        kind = manifest["kind"]
-        namespace = manifest["metadata"]["namespace"]
-        name = manifest["metadata"]["name"]
-        body = dict(manifest)  # JSON is YAML: the client sends it as JSON text
+        kind = obj["kind"]
+        namespace = obj["metadata"]["namespace"]
+        name = obj["metadata"]["name"]
+        body = dict(obj)  # JSON is YAML: the client sends it as JSON text
         options: dict[str, Any] = {
             "field_manager": FIELD_MANAGER,
             "force": True,

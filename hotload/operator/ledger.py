@@ -62,7 +62,7 @@ def same_stance(entry: ReplicaRecord, other: ReplicaRecord) -> bool:
 
 def serves_at_least(pod: PodReport, order: tuple[int, int], order_of: OrderOf) -> bool:
     """True when the replica serves the snapshot of ``order`` or a newer one."""
-    served = order_of(pod.snapshot)
+    served = order_of(pod.served_identity)
     return served is not None and served >= order
 
 
@@ -75,15 +75,17 @@ def ledger_entry(
 ) -> ReplicaRecord:
     """The replica's entry in the ledger of the snapshot of ``order``."""
     if serves_at_least(pod, order, order_of):
-        stance = ReplicaRecord(state=ReplicaState.READY, snapshot=pod.snapshot, via=pod.load_path)
+        stance = ReplicaRecord(
+            state=ReplicaState.READY, snapshot=pod.served_identity, via=pod.load_path
+        )
         if recorded is not None and same_stance(stance, recorded):
             return recorded
-        at_target = pod.state is ReplicaState.READY and pod.snapshot == pod.target
+        at_target = pod.state is ReplicaState.READY and pod.served_identity == pod.target_identity
         return stance.model_copy(update={"since": (pod.since if at_target else None) or now})
     if pod.state is ReplicaState.FAILED:
         entry = ReplicaRecord(
             state=ReplicaState.FAILED,
-            snapshot=pod.snapshot,
+            snapshot=pod.served_identity,
             since=pod.since or now,
             via=pod.load_path,
             reason=pod.reason,
@@ -91,7 +93,9 @@ def ledger_entry(
         )
     else:
         entry = ReplicaRecord(
-            state=ReplicaState.LOADING, snapshot=pod.snapshot, since=pod.since or pod.created or now
+            state=ReplicaState.LOADING,
+            snapshot=pod.served_identity,
+            since=pod.since or pod.created or now,
         )
     if recorded is not None and same_stance(entry, recorded):
         return recorded
@@ -158,11 +162,11 @@ def count_fleet(pods: Iterable[PodReport], replicas: int, target: str | None) ->
     existing = [pod for pod in pods if not pod.terminating]
     desired = [pod for pod in existing if pod.is_desired(replicas)]
     by_state = Counter(pod.state.value if pod.state else NO_STATE for pod in desired)
-    by_snapshot = Counter(pod.snapshot for pod in desired if pod.snapshot)
+    by_snapshot = Counter(pod.served_identity for pod in desired if pod.served_identity)
     updated = sum(
         1
         for pod in desired
-        if target is not None and pod.snapshot == target and pod.state is ReplicaState.READY
+        if target is not None and pod.served_identity == target and pod.state is ReplicaState.READY
     )
     return FleetCounts(
         replicas=len(existing),

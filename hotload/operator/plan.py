@@ -18,6 +18,7 @@ from typing import Any
 from hotload.api import ReplicaState, RolloutDeploymentSpec, SnapshotRef
 from hotload.api import reasons as reason_words
 from hotload.api.conditions import CHAIN_VALID, DEGRADED, READY
+from hotload.api.kinds import Identity
 from hotload.api.policy_snapshot import KIND as SNAPSHOT_KIND
 from hotload.api.rollout_deployment import KIND as DEPLOYMENT_KIND
 from hotload.operator.deployment_status import plan_deployment_status
@@ -104,7 +105,7 @@ def break_reports(pods: Sequence[PodReport]) -> list[BreakReport]:
     """Chain-breaking failures the replicas report, oldest report first."""
     reports = [
         BreakReport(
-            identity=pod.failed_snapshot or pod.target or "",
+            identity=pod.failed_identity or pod.target_identity or "",
             reason=pod.reason or "",
             message=pod.message or "",
             pod=pod.name,
@@ -112,7 +113,7 @@ def break_reports(pods: Sequence[PodReport]) -> list[BreakReport]:
         for pod in sorted(pods, key=lambda p: (p.since is None, p.since, p.name))
         if pod.state is ReplicaState.FAILED
         and pod.reason in reason_words.CHAIN_BREAKING_REASONS
-        and (pod.failed_snapshot or pod.target)
+        and (pod.failed_identity or pod.target_identity)
     ]
     return reports
 
@@ -122,7 +123,9 @@ def _current(
 ) -> SnapshotRef | None:
     """The newest snapshot every serving replica has (the oldest one any of them serves)."""
     served = [
-        snapshots[pod.snapshot] for pod in desired if pod.snapshot and pod.snapshot in snapshots
+        snapshots[pod.served_identity]
+        for pod in desired
+        if pod.served_identity and pod.served_identity in snapshots
     ]
     if not served:
         return None
@@ -168,7 +171,7 @@ def plan_deployment(observation: Observation, now: datetime) -> DeploymentPlan:
     target = target_plan.target
     events = _target_events(target_plan, deployment)
 
-    def order_of(identity: str | None) -> tuple[int, int] | None:
+    def order_of(identity: Identity | None) -> tuple[int, int] | None:
         info = infos.get(identity) if identity else None
         return info.order if info is not None else None
 
@@ -211,7 +214,7 @@ def plan_deployment(observation: Observation, now: datetime) -> DeploymentPlan:
         deployment.name,
         spec.retention.keep_snapshots,
         target,
-        [pod.snapshot for pod in pods if pod.snapshot],
+        [pod.served_identity for pod in pods if pod.served_identity],
     )
     deletions = [(identity, observation.snapshots[identity].uid) for identity in doomed]
     for identity, _ in deletions:
@@ -306,7 +309,7 @@ def _replica_failure_events(
             EventSpec(
                 DEPLOYMENT_KIND, deployment.name, deployment.uid, EventType.WARNING,
                 reason_words.REPLICA_FAILED,
-                f"replica {pod.name} failed on {pod.failed_snapshot or pod.target}: "
+                f"replica {pod.name} failed on {pod.failed_identity or pod.target_identity}: "
                 f"{pod.reason}: {pod.message or ''}".rstrip(": "),
             )
         )  # fmt: skip

@@ -18,6 +18,7 @@ from typing import Any, Final
 from hotload.api import LoadPath, ReplicaState
 from hotload.api import pod as contract
 from hotload.api.conditions import parse_time
+from hotload.api.kinds import Identity
 from hotload.api.labels import INSTANCE_LABEL
 
 #: ``<statefulset>-<ordinal>``: the StatefulSet names each pod after its ordinal.
@@ -35,16 +36,16 @@ class PodReport:
     deployment: str
     created: datetime | None
     terminating: bool
-    snapshot: str | None = None
+    served_identity: Identity | None = None
     """Identity it serves now (verified)."""
-    target: str | None = None
+    target_identity: Identity | None = None
     """Identity it is working on."""
     state: ReplicaState | None = None
     since: datetime | None = None
     via: str | None = None
     reason: str | None = None
     message: str | None = None
-    failed_snapshot: str | None = None
+    failed_identity: Identity | None = None
     """While Failed: the snapshot whose files failed (may be an earlier link than the target)."""
     serves_verified: bool = False
     """The readiness gate ``hotload.dev/SnapshotReady`` is True."""
@@ -102,13 +103,13 @@ def pod_report(body: Mapping[str, Any]) -> PodReport | None:
         deployment=deployment,
         created=parse_time(metadata.get("creationTimestamp")),
         terminating=metadata.get("deletionTimestamp") is not None,
-        snapshot=notes.get(contract.ANNOTATION_SNAPSHOT) or None,
-        target=notes.get(contract.ANNOTATION_TARGET) or None,
+        served_identity=notes.get(contract.ANNOTATION_SNAPSHOT) or None,
+        target_identity=notes.get(contract.ANNOTATION_TARGET) or None,
         state=_state(notes.get(contract.ANNOTATION_STATE)),
         since=parse_time(notes.get(contract.ANNOTATION_SINCE)),
         via=notes.get(contract.ANNOTATION_VIA) or None,
         reason=notes.get(contract.ANNOTATION_REASON) or None,
         message=notes.get(contract.ANNOTATION_MESSAGE) or None,
-        failed_snapshot=notes.get(contract.ANNOTATION_FAILED_SNAPSHOT) or None,
+        failed_identity=notes.get(contract.ANNOTATION_FAILED_SNAPSHOT) or None,
         serves_verified=_gate_is_true(status),
     )

@@ -33,6 +33,7 @@ from hotload.api import (
 )
 from hotload.api import conditions as cond
 from hotload.api.conditions import CHAIN_VALID, parse_time
+from hotload.api.kinds import Identity
 from hotload.api.labels import MANAGED_BY_LABEL, MANAGED_BY_OPERATOR
 from hotload.errors import KubeError, KubeNotFound
 from hotload.operator.batching import BatchWindows, Wakeup
@@ -328,9 +329,9 @@ class DeploymentReconciler:
         if self._workload_dirty:
             self._workload_dirty = False
             try:
-                for manifest in render_workload(deployment, self._cluster_role):
-                    manifest["metadata"].setdefault("namespace", self.namespace)
-                    await self._executor.apply(manifest)
+                for obj in render_workload(deployment, self._cluster_role):
+                    obj["metadata"].setdefault("namespace", self.namespace)
+                    await self._executor.apply(obj)
             except KubeError:
                 self._workload_dirty = True
                 raise
@@ -391,7 +392,7 @@ class DeploymentReconciler:
                 counts[key] = counts.get(key, 0) + 1
         self._metrics.set_replicas(self.namespace, self.name, counts)
 
-    async def _write_snapshot(self, identity: str, patch: Mapping[str, Any]) -> None:
+    async def _write_snapshot(self, identity: Identity, patch: Mapping[str, Any]) -> None:
         try:
             body = await self._executor.patch_snapshot_status(self.namespace, identity, patch)
         except KubeNotFound:

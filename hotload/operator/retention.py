@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from hotload.api import SnapshotRef
+from hotload.api.kinds import Identity
 from hotload.operator.rollout import SnapshotInfo, snapshot_order
 
 
-def chain_back_to_full(identity: str, snapshots: Mapping[str, SnapshotInfo]) -> set[str]:
+def chain_back_to_full(identity: Identity, snapshots: Mapping[str, SnapshotInfo]) -> set[str]:
     """``identity`` and every previous link that exists, back to its Full."""
     chain: set[str] = set()
     current = snapshots.get(identity)

@@ -31,6 +31,7 @@ from typing import Final
 
 from hotload.api import ConditionStatus, KvCachePolicy, SnapshotKind, SnapshotRef, reasons
 from hotload.api.formats import READABLE_FORMATS, FileHash
+from hotload.api.kinds import Identity
 
 #: Formats the sidecar decodes (the manifest is the truth; this is the trainer's declaration).
 SUPPORTED_COMPRESSION_FORMATS: Final = frozenset(READABLE_FORMATS)
@@ -41,7 +42,7 @@ SUPPORTED_CHECKSUM_FORMATS: Final = frozenset(h.value for h in FileHash)
 class SnapshotInfo:
     """What the planners need of one PolicySnapshot (spec, plus its recorded verdict)."""
 
-    identity: str
+    identity: Identity
     deployment: str
     step: int
     kind: SnapshotKind
@@ -91,7 +92,7 @@ class ChainVerdict:
 class BreakReport:
     """A replica's chain-breaking failure: which snapshot's files are bad, and why."""
 
-    identity: str
+    identity: Identity
     reason: str
     message: str
     pod: str
@@ -119,7 +120,7 @@ def validate_chains(
 
 
 def _verdict(
-    identity: str,
+    identity: Identity,
     snapshots: Mapping[str, SnapshotInfo],
     reported: Mapping[str, BreakReport],
     verdicts: dict[str, ChainVerdict],

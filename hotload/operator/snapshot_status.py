@@ -23,6 +23,7 @@ from typing import Any, Final
 from hotload.api import ConditionStatus, ReplicaRecord, SnapshotPhase, SnapshotRef, reasons
 from hotload.api import conditions as cond
 from hotload.api.conditions import CHAIN_VALID, READY
+from hotload.api.kinds import Identity
 from hotload.operator.ledger import (
     OrderOf,
     WireEntry,
@@ -67,7 +68,7 @@ class SnapshotStatusPlan:
     """Ready latched in this reconcile (the propagation histogram observes it)."""
 
 
-def _ready_message(ready: int, desired: int, identity: str, exact: bool) -> str:
+def _ready_message(ready: int, desired: int, identity: Identity, exact: bool) -> str:
     newer = "" if exact else " or a newer snapshot"
     return f"{ready}/{desired} replicas serve {identity}{newer}"
 

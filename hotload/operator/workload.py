@@ -1,6 +1,6 @@
 """Render a RolloutDeployment's Kubernetes objects: StatefulSet, Service, sidecar RBAC.
 
-A pure planner (CONVENTIONS.md, "LWS / kueue"): the deployment in, plain manifests out, no
+A pure planner (CONVENTIONS.md, "LWS / kueue"): the deployment in, plain Kubernetes objects out, no
 API calls. The operator applies them; until it exists the demo and the tests do. The pod
 template is the pod contract (CONTRACTS.md) and equals ``examples/pod.yaml`` for the example
 deployment, which a test checks.
@@ -27,7 +27,9 @@ from hotload.api.rollout_deployment import (
     ENV_ENGINE_API_KEY,
 )
 
-Manifest = dict[str, Any]
+KubeObject = dict[str, Any]
+"""A Kubernetes object as the API takes it (plain JSON; "manifest" in hotload means only a
+snapshot's manifest)."""
 
 TERMINATION_GRACE_SECONDS: Final = 30
 SIDECAR_CLUSTER_ROLE: Final = "hotload-sidecar"
@@ -53,18 +55,20 @@ def sidecar_service_account(name: str) -> str:
     return f"{name}-sidecar"
 
 
-def _field_env(env_name: str, field_path: str) -> Manifest:
+def _field_env(env_name: str, field_path: str) -> KubeObject:
     return {"name": env_name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
 
 
-def _secret_env(secret: str, key: str, name: str | None = None, optional: bool = True) -> Manifest:
+def _secret_env(
+    secret: str, key: str, name: str | None = None, optional: bool = True
+) -> KubeObject:
     return {
         "name": name or key,
         "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": optional}},
     }
 
 
-def _staging_mount() -> list[Manifest]:
+def _staging_mount() -> list[KubeObject]:
     return [{"name": contract.STAGING_VOLUME, "mountPath": contract.STAGING_MOUNT_PATH}]
 
 
@@ -96,7 +100,7 @@ def engine_command(deployment: RolloutDeployment) -> list[str]:
     ]  # fmt: skip
 
 
-def engine_key_env(deployment: RolloutDeployment) -> list[Manifest]:
+def engine_key_env(deployment: RolloutDeployment) -> list[KubeObject]:
     """The engine's API keys from ``spec.engine.keysSecretRef``, for the engine and the sidecar.
 
     Both keys are required for SGLang (its admin routes take only the admin key when both
@@ -116,7 +120,7 @@ def engine_key_env(deployment: RolloutDeployment) -> list[Manifest]:
     return env
 
 
-def _engine_env(deployment: RolloutDeployment) -> list[Manifest]:
+def _engine_env(deployment: RolloutDeployment) -> list[KubeObject]:
     kind = deployment.spec.engine.kind
     env = [_field_env(contract.ENV_POD_IP, "status.podIP"), *engine_key_env(deployment)]
     if kind is EngineKind.VLLM:
@@ -137,9 +141,9 @@ def _engine_probe_path(kind: EngineKind) -> str:
     return "/ready" if kind is EngineKind.SGLANG else "/health"
 
 
-def engine_container(deployment: RolloutDeployment) -> Manifest:
+def engine_container(deployment: RolloutDeployment) -> KubeObject:
     engine = deployment.spec.engine
-    container: Manifest = {
+    container: KubeObject = {
         "name": "engine",
         "image": engine.image,
         "command": engine_command(deployment),
@@ -156,7 +160,7 @@ def engine_container(deployment: RolloutDeployment) -> Manifest:
     return container
 
 
-def sidecar_container(deployment: RolloutDeployment) -> Manifest:
+def sidecar_container(deployment: RolloutDeployment) -> KubeObject:
     name = deployment.metadata["name"]
     env = [
         _field_env(contract.ENV_POD_NAME, "metadata.name"),
@@ -172,7 +176,7 @@ def sidecar_container(deployment: RolloutDeployment) -> Manifest:
             _secret_env(secret.name, "AWS_SECRET_ACCESS_KEY"),
         ]
     env += engine_key_env(deployment)
-    container: Manifest = {
+    container: KubeObject = {
         "name": "sidecar",
         "image": deployment.spec.sidecar.image,
         "command": ["hotload", "sidecar"],
@@ -198,11 +202,11 @@ def sidecar_container(deployment: RolloutDeployment) -> Manifest:
     return container
 
 
-def pod_template(deployment: RolloutDeployment) -> Manifest:
+def pod_template(deployment: RolloutDeployment) -> KubeObject:
     """The replica pod (metadata without a name: the StatefulSet names each pod)."""
     name = deployment.metadata["name"]
     scheduling = deployment.spec.scheduling
-    spec: Manifest = {
+    spec: KubeObject = {
         "serviceAccountName": sidecar_service_account(name),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "readinessGates": [{"conditionType": contract.CONDITION_SNAPSHOT_READY}],
@@ -215,14 +219,14 @@ def pod_template(deployment: RolloutDeployment) -> Manifest:
         spec["affinity"] = dict(scheduling.affinity)
     spec["volumes"] = [{"name": contract.STAGING_VOLUME, "emptyDir": {"medium": "Memory"}}]
     spec["containers"] = [engine_container(deployment), sidecar_container(deployment)]
-    metadata: Manifest = {"labels": pod_labels(name)}
+    metadata: KubeObject = {"labels": pod_labels(name)}
     if deployment.spec.engine.kind is EngineKind.NOOP:
         metadata["annotations"] = {contract.ANNOTATION_RUNTIME: contract.RUNTIME_SHARED}
     return {"metadata": metadata, "spec": spec}
 
 
-def _metadata(deployment: RolloutDeployment, name: str) -> Manifest:
-    metadata: Manifest = {"name": name, "labels": pod_labels(deployment.metadata["name"])}
+def _metadata(deployment: RolloutDeployment, name: str) -> KubeObject:
+    metadata: KubeObject = {"name": name, "labels": pod_labels(deployment.metadata["name"])}
     namespace = deployment.metadata.get("namespace")
     if namespace:
         metadata["namespace"] = namespace
@@ -241,7 +245,7 @@ def _metadata(deployment: RolloutDeployment, name: str) -> Manifest:
     return metadata
 
 
-def stateful_set(deployment: RolloutDeployment) -> Manifest:
+def stateful_set(deployment: RolloutDeployment) -> KubeObject:
     name = deployment.metadata["name"]
     return {
         "apiVersion": "apps/v1",
@@ -258,7 +262,7 @@ def stateful_set(deployment: RolloutDeployment) -> Manifest:
     }
 
 
-def service(deployment: RolloutDeployment) -> Manifest:
+def service(deployment: RolloutDeployment) -> KubeObject:
     """The inference front of the region: the sidecars' OpenAI-compatible port."""
     name = deployment.metadata["name"]
     return {
@@ -272,7 +276,9 @@ def service(deployment: RolloutDeployment) -> Manifest:
     }
 
 
-def sidecar_rbac(deployment: RolloutDeployment, cluster_role: str | None = None) -> list[Manifest]:
+def sidecar_rbac(
+    deployment: RolloutDeployment, cluster_role: str | None = None
+) -> list[KubeObject]:
     """The sidecar's ServiceAccount and its RoleBinding, and the Role when no ClusterRole is named.
 
     The operator binds to the chart's ClusterRole (``cluster_role``), so it needs ``bind``
@@ -281,10 +287,10 @@ def sidecar_rbac(deployment: RolloutDeployment, cluster_role: str | None = None)
     """
     account = sidecar_service_account(deployment.metadata["name"])
     namespace = deployment.metadata.get("namespace")
-    subject: Manifest = {"kind": "ServiceAccount", "name": account}
+    subject: KubeObject = {"kind": "ServiceAccount", "name": account}
     if namespace:
         subject["namespace"] = namespace
-    objects: list[Manifest] = [
+    objects: list[KubeObject] = [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(deployment, account)}
     ]
     if cluster_role is None:
@@ -314,6 +320,6 @@ def sidecar_rbac(deployment: RolloutDeployment, cluster_role: str | None = None)
 
 def render_workload(
     deployment: RolloutDeployment, cluster_role: str | None = None
-) -> list[Manifest]:
+) -> list[KubeObject]:
     """Every object a deployment needs, in apply order (RBAC first, pods last)."""
     return [*sidecar_rbac(deployment, cluster_role), service(deployment), stateful_set(deployment)]

@@ -442,14 +442,14 @@ class SidecarAgent(EngineWatch, LoadJobs):
         )
         status.current_via = serving.via if serving else None
         annotations = PodAnnotations(
-            snapshot=serving.identity if serving else None,
-            target=target.identity if target else None,
+            served_identity=serving.identity if serving else None,
+            target_identity=target.identity if target else None,
             state=state,
             since=status.since,
             via=serving.via if serving else None,
             reason=hold.reason if failed and hold else None,
             message=hold.message if failed and hold else None,
-            failed_snapshot=hold.failed_snapshot if failed and hold else None,
+            failed_identity=hold.failed_identity if failed and hold else None,
         )
         deployment = self._deployment
         max_stale = deployment.spec.hot_load.max_stale_steps if deployment else None

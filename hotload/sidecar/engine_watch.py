@@ -22,6 +22,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from hotload.api import LoadPath
+from hotload.api.kinds import Identity
 from hotload.api.pod import ANNOTATION_SNAPSHOT, ANNOTATION_VIA
 from hotload.cancellation import run_in_thread
 from hotload.engines.protocol import Engine, EngineReport
@@ -164,7 +165,7 @@ class EngineWatch(AgentCore):
         )
         return True
 
-    def _observed_via(self, identity: str | None) -> LoadPath | None:
+    def _observed_via(self, identity: Identity | None) -> LoadPath | None:
         observed = self._observed_pod.annotations if self._observed_pod else {}
         if identity is not None and observed.get(ANNOTATION_SNAPSHOT) == identity:
             with contextlib.suppress(ValueError):

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hotload.api import KvCachePolicy, SnapshotKind, Transition
+from hotload.api.kinds import Identity
 from hotload.cancellation import run_in_thread
 from hotload.engines.capabilities import PatchesInPlace, swaps_between_tokens
 from hotload.engines.protocol import Engine, EngineReport, PauseMode
@@ -193,7 +194,7 @@ class Handover:
         else:
             await self._load_weights(path, staged.identity, kind)
 
-    async def _load_weights(self, path: Path, identity: str, kind: SnapshotKind) -> None:
+    async def _load_weights(self, path: Path, identity: Identity, kind: SnapshotKind) -> None:
         try:
             await self.engine.load_weights(path, identity, kind=kind)
         except (EngineRejected, EngineBusy) as err:

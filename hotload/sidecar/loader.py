@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hotload.api import LoadPath, SnapshotRef
+from hotload.api.kinds import Identity
 from hotload.cancellation import CancelToken, run_cancellable
 from hotload.errors import ChecksumMismatch, HotloadError, ManifestInvalid, ObjectTooLarge
 from hotload.sidecar.metrics import AgentMetrics
@@ -159,7 +160,7 @@ class SnapshotLoader:
 
     # --- manifests and plans --------------------------------------------------------------
 
-    async def manifest(self, identity: str) -> Manifest:
+    async def manifest(self, identity: Identity) -> Manifest:
         """The manifest of ``identity`` (cached: snapshots are immutable)."""
         cached = self._manifests.get(identity)
         if cached is not None:
@@ -179,7 +180,7 @@ class SnapshotLoader:
         self._manifests[identity] = (manifest, data)
         return manifest
 
-    def forget_manifests(self, identities: set[str]) -> None:
+    def forget_manifests(self, identities: set[Identity]) -> None:
         """Read these manifests from the bucket again next time (a fresh replay)."""
         for identity in identities:
             self._manifests.pop(identity, None)
@@ -324,7 +325,7 @@ class SnapshotLoader:
         )
         return out
 
-    def _keep_manifest(self, identity: str) -> None:
+    def _keep_manifest(self, identity: Identity) -> None:
         """Write the manifest beside the downloaded files (the decoder reads it there)."""
         _, data = self._manifests[identity]
         directory = self.staging.fetch_dir(identity)
@@ -348,7 +349,7 @@ class SnapshotLoader:
 
         limit = asyncio.Semaphore(FILES_AT_ONCE)
 
-        async def one(identity: str, entry: StoredFile) -> None:
+        async def one(identity: Identity, entry: StoredFile) -> None:
             key = f"{identity}/{entry.path}"
             dest = self.staging.fetch_dir(identity) / entry.path
             if dest.is_file() and dest.stat().st_size == entry.size:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from hotload.api.kinds import Identity
+
 #: Phases of one load, as the ``phase`` label spells them.
 PHASES = ("fetch", "verify", "rebuild", "swap")
 
@@ -83,7 +85,7 @@ class AgentMetrics:
         """Nothing verified is served (the engine restarted, or lost its weights)."""
         self.snapshot_info.clear()
 
-    def set_served(self, identity: str, step: int, kind: str) -> None:
+    def set_served(self, identity: Identity, step: int, kind: str) -> None:
         """Point the info metric at the snapshot served now (one label set at a time)."""
         self.snapshot_info.clear()
         self.snapshot_info.labels(identity=identity, step=str(step), kind=kind).set(1)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from hotload.api import LoadPath, ReplicaState, SnapshotKind, SnapshotRef
+from hotload.api.kinds import Identity
 from hotload.api.reasons import (
     DIGEST_MISMATCH,
     ENGINE_BUSY,
@@ -63,7 +64,7 @@ class Slot(StrEnum):
 class Staged:
     """A verified rebuild held by a buffer (the decoder's record of it)."""
 
-    identity: str
+    identity: Identity
     step: int
     kind: SnapshotKind
     digest: str | None
@@ -102,7 +103,7 @@ class Buffers:
 class Serving:
     """What the engine serves, verified by us and confirmed by its own report."""
 
-    identity: str
+    identity: Identity
     step: int
     kind: SnapshotKind
     via: LoadPath | None
@@ -151,7 +152,7 @@ class Verdict(StrEnum):
 class EngineJudgement:
     verdict: Verdict
     slot: Slot | None = None
-    identity: str | None = None
+    identity: Identity | None = None
     detail: str = ""
 
 
@@ -276,7 +277,7 @@ class Hold:
     target: SnapshotRef
     reason: str
     message: str
-    failed_snapshot: str
+    failed_identity: Identity
 
 
 def staged_behind(serving: Serving | None, buffers: Buffers) -> bool:

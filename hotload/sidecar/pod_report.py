@@ -19,6 +19,7 @@ from typing import Any
 
 from hotload.api import LoadPath, ReplicaState, reasons
 from hotload.api.conditions import rfc3339
+from hotload.api.kinds import Identity
 from hotload.api.pod import (
     ANNOTATION_FAILED_SNAPSHOT,
     ANNOTATION_MESSAGE,
@@ -41,14 +42,14 @@ VERIFIED_MESSAGE = "serves a verified snapshot (named by hotload.dev/snapshot)"
 class PodAnnotations:
     """The sidecar's annotations: where this replica stands against the target."""
 
-    snapshot: str | None
-    target: str | None
+    served_identity: Identity | None
+    target_identity: Identity | None
     state: ReplicaState | None
     since: datetime
     via: LoadPath | None = None
     reason: str | None = None
     message: str | None = None
-    failed_snapshot: str | None = None
+    failed_identity: Identity | None = None
     """While Failed: the snapshot whose files failed (may be an earlier link of a replay)."""
 
     def values(self) -> dict[str, str | None]:
@@ -56,14 +57,14 @@ class PodAnnotations:
         failed = self.state is ReplicaState.FAILED
         message = self.message[:MESSAGE_LIMIT] if failed and self.message else None
         return {
-            ANNOTATION_SNAPSHOT: self.snapshot,
-            ANNOTATION_TARGET: self.target,
+            ANNOTATION_SNAPSHOT: self.served_identity,
+            ANNOTATION_TARGET: self.target_identity,
             ANNOTATION_STATE: self.state.value if self.state else None,
             ANNOTATION_SINCE: rfc3339(self.since),
             ANNOTATION_VIA: self.via.value if self.via else None,
             ANNOTATION_REASON: self.reason if failed else None,
             ANNOTATION_MESSAGE: message,
-            ANNOTATION_FAILED_SNAPSHOT: self.failed_snapshot if failed else None,
+            ANNOTATION_FAILED_SNAPSHOT: self.failed_identity if failed else None,
         }
 
     def same_content(self, other: PodAnnotations | None) -> bool:
@@ -92,7 +93,7 @@ class ReadinessGate:
 
 def readiness_gate(
     served_step: int | None,
-    served_identity: str | None,
+    served_identity: Identity | None,
     target_step: int | None,
     max_stale_steps: int | None,
 ) -> ReadinessGate:

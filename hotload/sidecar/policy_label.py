@@ -14,11 +14,13 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from hotload.api.kinds import Identity
+
 #: Identities that produced one payload, oldest first (empty: the engine did not say).
 IdentitiesOf = Callable[[Mapping[str, Any]], list[str]]
 
 
-def policy_model(served_name: str, identity: str) -> str:
+def policy_model(served_name: str, identity: Identity) -> str:
     """The ``model`` value that names a policy: ``<servedName>@<identity>``."""
     return f"{served_name}@{identity}"
 

@@ -36,6 +36,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from hotload.api import SnapshotKind
+from hotload.api.kinds import Identity
 from hotload.api.pod import STAGING_MOUNT_PATH
 from hotload.errors import ChecksumMismatch, HotloadError
 from hotload.sidecar.planning import Buffers, Slot, Staged
@@ -118,29 +119,29 @@ class StagingArea:
                 if entry.name.startswith("."):
                     shutil.rmtree(entry, ignore_errors=True)
 
-    def fetch_dir(self, identity: str) -> Path:
+    def fetch_dir(self, identity: Identity) -> Path:
         return self.root / FETCH / identity
 
-    def partial_dir(self, identity: str) -> Path:
+    def partial_dir(self, identity: Identity) -> Path:
         """Where downloads of ``identity`` keep their partial files."""
         return self.root / PARTIAL / identity
 
     def slot_dir(self, slot: Slot) -> Path:
         return self.root / BUFFERS / slot.value
 
-    def snapshot_dir(self, slot: Slot, identity: str) -> Path:
+    def snapshot_dir(self, slot: Slot, identity: Identity) -> Path:
         """Where the verified rebuild of ``identity`` in ``slot`` lives on this host."""
         return self.slot_dir(slot) / identity
 
     @staticmethod
-    def engine_path(slot: Slot, identity: str) -> Path:
+    def engine_path(slot: Slot, identity: Identity) -> Path:
         """The path the engine is handed: under the staging *mount path*, not this host's.
         Every snapshot gets its own path (vLLM may serve stale weights when one path is
         reloaded with other content)."""
         return Path(PurePosixPath(STAGING_MOUNT_PATH) / BUFFERS / slot.value / identity)
 
     @staticmethod
-    def engine_fetch_path(identity: str) -> Path:
+    def engine_fetch_path(identity: Identity) -> Path:
         """The path of a fetched, verified delta as an engine that patches in place is
         handed it (under the staging mount path). The engine runs one load or patch at a
         time, and a download is removed only after the engine answered that patch (or a
@@ -234,7 +235,7 @@ class StagingArea:
             if entry.name != keep:
                 shutil.rmtree(entry, ignore_errors=True)
 
-    def drop_fetched(self, identities: set[str]) -> None:
+    def drop_fetched(self, identities: set[Identity]) -> None:
         """Forget downloads (their files are fetched again): after a chain-breaking
         failure, to tell a bad bucket from a bad copy here."""
         for identity in identities:

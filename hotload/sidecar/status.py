@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from hotload.api import LoadPath, ReplicaState, SnapshotRef
+from hotload.api.kinds import Identity
 
 
 class Phase(StrEnum):
@@ -64,7 +65,7 @@ class ErrorRecord(_Model):
 class SwapRecord(_Model):
     """One load attempt that reached an end (swapped, or failed for good)."""
 
-    identity: str
+    identity: Identity
     step: int
     kind: str
     via: LoadPath | None = None
@@ -88,7 +89,7 @@ class SwapRecord(_Model):
 class EngineSeen(_Model):
     """The engine's own last answer (what the pod's report is checked against)."""
 
-    identity: str | None
+    identity: Identity | None
     instance_id: str | None
     answered: bool
     """False: it did not answer the last check."""

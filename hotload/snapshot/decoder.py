@@ -140,7 +140,7 @@ def rebuild(
         files = sum(1 for p in out.rglob("*") if p.is_file())
         log.info(
             "snapshot rebuilt in place",
-            extra={"identity": manifest.identity, "out": str(out)},
+            extra={"snapshot": manifest.identity, "out": str(out)},
         )
         return RebuildResult(manifest, out, manifest.tensor_bytes(), files)
     with staged_directory(out) as staging:
@@ -154,7 +154,7 @@ def rebuild(
         files = sum(1 for p in staging.rglob("*") if p.is_file())
     log.info(
         "snapshot rebuilt",
-        extra={"identity": manifest.identity, "kind": manifest.kind.value, "out": str(out)},
+        extra={"snapshot": manifest.identity, "kind": manifest.kind.value, "out": str(out)},
     )
     return RebuildResult(manifest, out, manifest.tensor_bytes(), files)
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hotload.api import SnapshotKind
+from hotload.api.kinds import Identity
 from hotload.errors import ConfigError
 from hotload.snapshot.codec.frames import compress_bytes
 from hotload.snapshot.codec.tensor_codec import CodecOptions, encode_tensor
@@ -78,9 +79,9 @@ def encode(
     current: Path,
     out: Path,
     *,
-    identity: str,
+    identity: Identity,
     step: int,
-    previous_identity: str | None = None,
+    previous_identity: Identity | None = None,
     ignored_config_fields: Iterable[str] = (),
     options: CodecOptions = CodecOptions(),
     threads: int = 1,
@@ -97,7 +98,7 @@ def encode(
         kind = SnapshotKind.LORA if model.is_lora else SnapshotKind.FULL
         if previous is not None:
             log.info(
-                "a LoRA adapter is always complete: previous ignored", extra={"identity": identity}
+                "a LoRA adapter is always complete: previous ignored", extra={"snapshot": identity}
             )
         return _write_complete(model, out, identity=identity, step=step, kind=kind, ignored=ignored)
     if previous_identity is None:
@@ -130,7 +131,12 @@ def encode(
 
 
 def encode_full(
-    current: Path, out: Path, *, identity: str, step: int, ignored_config_fields: Iterable[str] = ()
+    current: Path,
+    out: Path,
+    *,
+    identity: Identity,
+    step: int,
+    ignored_config_fields: Iterable[str] = (),
 ) -> EncodeResult:
     """Write a Full (or, for an adapter directory, LoRA) snapshot of ``current``."""
     return encode(
@@ -150,7 +156,13 @@ def _stored(path: Path, relpath: str) -> StoredFile:
 
 
 def _write_complete(
-    model: ModelDir, out: Path, *, identity: str, step: int, kind: SnapshotKind, ignored: list[str]
+    model: ModelDir,
+    out: Path,
+    *,
+    identity: Identity,
+    step: int,
+    kind: SnapshotKind,
+    ignored: list[str],
 ) -> EncodeResult:
     with staged_directory(out) as staging:
         files = []
@@ -242,9 +254,9 @@ def write_incremental(
     new: TensorSource,
     out: Path,
     *,
-    identity: str,
+    identity: Identity,
     step: int,
-    previous_identity: str,
+    previous_identity: Identity,
     ignored: list[str],
     options: CodecOptions,
     pool: ThreadPoolExecutor | None,
@@ -296,7 +308,7 @@ def write_incremental(
     stored = manifest.stored_bytes() + len(manifest_bytes)
     log.info(
         "incremental snapshot written",
-        extra={"identity": identity, "previous": previous_identity, "stored_bytes": stored},
+        extra={"snapshot": identity, "previous": previous_identity, "stored_bytes": stored},
     )
     return EncodeResult(manifest, out, manifest.tensor_bytes(), stored, tuple(reports))
 

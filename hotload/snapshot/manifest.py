@@ -19,9 +19,11 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from hotload.api import IDENTITY_PATTERN, SnapshotKind
+from hotload.api import SnapshotKind
 from hotload.api.formats import FORMAT_V1, FORMAT_V2, FORMAT_V3, READABLE_FORMATS
 from hotload.api.formats import FileHash as FileHash
+from hotload.api.identity import ValidIdentity
+from hotload.api.kinds import Identity
 from hotload.errors import ManifestInvalid, SizeLimitExceeded, UnsafePath
 from hotload.snapshot.dtypes import DTYPES
 from hotload.snapshot.limits import (
@@ -84,7 +86,6 @@ def _checked_path(value: str) -> str:
 
 
 SafePath = Annotated[str, AfterValidator(_checked_path)]
-Identity = Annotated[str, Field(min_length=1, max_length=253, pattern=IDENTITY_PATTERN)]
 Size = Annotated[int, Field(ge=0, le=MAX_TENSOR_BYTES * 64)]
 Xxh3Hex = Annotated[str, Field(pattern=_XXH3_HEX)]
 
@@ -192,10 +193,10 @@ class Manifest(_Model):
 
     format: str = FORMAT
     """``hotload-delta/v3`` (written), ``/v2`` or ``/v1`` (read); others are refused."""
-    identity: Identity
+    identity: ValidIdentity
     step: Annotated[int, Field(ge=0)]
     kind: SnapshotKind
-    previous: Identity | None = None
+    previous: ValidIdentity | None = None
     """Incremental only: the identity this delta applies to."""
     previous_digest: Xxh3Hex | None = None
     """Incremental only: digest of the previous snapshot's tensors (names and hashes)."""
@@ -315,7 +316,7 @@ def _check_range(byte_range: ByteRange, sizes: dict[str, int], owner: str) -> No
         raise ValueError(f"{owner!r} points past the end of {byte_range.file!r}")
 
 
-def parse_manifest(data: bytes, *, expected_identity: str | None = None) -> Manifest:
+def parse_manifest(data: bytes, *, expected_identity: Identity | None = None) -> Manifest:
     """Parse and validate a manifest; every problem is :class:`ManifestInvalid`.
 
     ``expected_identity`` (the prefix it was read from) must match the manifest's own

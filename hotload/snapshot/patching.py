@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from hotload.api import SnapshotKind
+from hotload.api.kinds import Identity
 from hotload.errors import ChainBroken, ChecksumMismatch, DecodeFailed
 from hotload.snapshot.codec.tensor_codec import ChunkJob, plan_decode
 from hotload.snapshot.codec.transforms import apply_changes
@@ -55,7 +56,7 @@ def words_of(array: np.ndarray, entry: TensorEntry) -> np.ndarray:
 
 
 def checked_delta(
-    snapshot: Path, held_identity: str | None, manifest: Manifest | None = None
+    snapshot: Path, held_identity: Identity | None, manifest: Manifest | None = None
 ) -> Manifest:
     """The delta's manifest once it may patch what is held: a delta, of the held
     snapshot, whose stored files all check out (before any weight is touched)."""
@@ -85,7 +86,7 @@ def patch_tensors(
     tensors: MutableMapping[str, np.ndarray],
     snapshot: Path,
     *,
-    held_identity: str | None = None,
+    held_identity: Identity | None = None,
     manifest: Manifest | None = None,
     on_change: ChangeSink | None = None,
     raw_in_place: bool = False,

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from hotload.api import LoadPath, SnapshotKind
+from hotload.api.kinds import Identity
 from hotload.errors import ChainBroken
 from hotload.snapshot.digest import tensor_set_digest
 from hotload.snapshot.manifest import Manifest
@@ -40,7 +41,7 @@ class UpdatePlan:
 
 
 class _Missing(Exception):
-    def __init__(self, identity: str) -> None:
+    def __init__(self, identity: Identity) -> None:
         self.identity = identity
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from hotload.api.kinds import Identity
 from hotload.errors import ManifestInvalid
 from hotload.snapshot.manifest import MANIFEST_NAME
 from hotload.storage import Storage
@@ -49,7 +50,7 @@ def snapshot_files(directory: Path) -> list[str]:
 async def upload_snapshot(
     storage: Storage,
     directory: Path,
-    identity: str,
+    identity: Identity,
     *,
     concurrency: int = DEFAULT_UPLOAD_CONCURRENCY,
     progress: UploadProgress | None = None,
@@ -95,7 +96,7 @@ async def upload_snapshot(
     )
 
 
-async def publish_snapshot(storage: Storage, directory: Path, identity: str) -> list[str]:
+async def publish_snapshot(storage: Storage, directory: Path, identity: Identity) -> list[str]:
     """Put ``directory`` under ``<identity>/`` in ``storage``; the keys written, in order."""
     report = await upload_snapshot(storage, directory, identity)
     return list(report.keys)

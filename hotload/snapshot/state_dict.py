@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from hotload.api.kinds import Identity
 from hotload.errors import ConfigError
 from hotload.snapshot.codec.tensor_codec import CodecOptions
 from hotload.snapshot.encoder import EncodeResult, encode, write_incremental
@@ -105,10 +106,10 @@ def encode_state_dict(
     state_dict: Mapping[str, Any],
     out: Path,
     *,
-    identity: str,
+    identity: Identity,
     step: int,
     previous: Path | Mapping[str, Any] | None = None,
-    previous_identity: str | None = None,
+    previous_identity: Identity | None = None,
     previous_digest: str | None = None,
     files_from: Path | None = None,
     previous_files_from: Path | None = None,
@@ -173,9 +174,9 @@ def _encode_from_tensors(
     scratch: Path,
     out: Path,
     *,
-    identity: str,
+    identity: Identity,
     step: int,
-    previous_identity: str,
+    previous_identity: Identity,
     previous_digest: str | None,
     previous_files_from: Path | None,
     ignored: list[str],

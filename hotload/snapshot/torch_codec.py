@@ -21,6 +21,7 @@ from typing import Any, Final
 import numpy as np
 import torch
 
+from hotload.api.kinds import Identity
 from hotload.errors import ChainBroken, ChecksumMismatch, DecodeFailed
 from hotload.snapshot.codec import context, dense, sparse
 from hotload.snapshot.codec.tensor_codec import ChunkJob, plan_decode
@@ -54,7 +55,7 @@ def patch_state_dict(
     state_dict: MutableMapping[str, torch.Tensor],
     snapshot: Path,
     *,
-    held_identity: str | None = None,
+    held_identity: Identity | None = None,
 ) -> Manifest:
     """Apply an incremental snapshot to ``state_dict`` in place, on its tensors' device.
 

@@ -32,6 +32,7 @@ from typing import Any, Final
 from transformers import DynamicCache
 
 from hotload.api import KvCachePolicy
+from hotload.api.kinds import Identity
 
 DEFAULT_CAPACITY: Final = 64
 _ANONYMOUS: Final = "\x00anonymous-"
@@ -42,7 +43,7 @@ class CacheEntry:
     session: str | None
     tokens: tuple[int, ...]
     kv: DynamicCache
-    identity: str
+    identity: Identity
     """The weights that computed this KV."""
     sealed: bool = False
     """After a ``new_session`` reset: only its own session may reuse it."""
@@ -101,7 +102,7 @@ class PromptCache:
         session: str | None,
         tokens: Sequence[int],
         kv: DynamicCache,
-        identity: str,
+        identity: Identity,
         hit: CacheHit,
     ) -> None:
         """Remember the KV of ``tokens`` (its length must equal the tokens fed), under the

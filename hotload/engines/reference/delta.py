@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from hotload.api import SnapshotKind
+from hotload.api.kinds import Identity
 from hotload.engines.reference.spare import SpareParameters, WrittenElements
 from hotload.errors import DeltaNotApplicable, EngineRejected, HotloadError
 from hotload.snapshot import Manifest, patch_tensors, read_manifest
@@ -42,7 +43,7 @@ class LayoutChanged(DeltaNotApplicable):
     """The delta adds, removes, reshapes or retypes a tensor: load the rebuilt directory."""
 
 
-def read_delta(path: Path, held_identity: str, kind: SnapshotKind) -> Manifest:
+def read_delta(path: Path, held_identity: Identity, kind: SnapshotKind) -> Manifest:
     """The delta's manifest, once it applies to what the engine serves."""
     try:
         manifest = read_manifest(path)
@@ -81,7 +82,7 @@ def patch_storage(
     storage: Mapping[str, torch.Tensor],
     path: Path,
     manifest: Manifest,
-    held_identity: str,
+    held_identity: Identity,
     *,
     on_change: ChangeSink | None = None,
     executor: Executor | None = None,
@@ -115,7 +116,7 @@ def patch_into_spare(
     storage: Mapping[str, torch.Tensor],
     path: Path,
     manifest: Manifest,
-    held_identity: str,
+    held_identity: Identity,
     spare: SpareParameters,
     dtype: torch.dtype,
     beside: Executor,

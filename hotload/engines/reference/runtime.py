@@ -45,6 +45,7 @@ import torch
 from transformers import DynamicCache, Qwen2Config
 
 from hotload.api import KvCachePolicy, SnapshotKind
+from hotload.api.kinds import Identity
 from hotload.engines.protocol import PauseMode
 from hotload.engines.reference import delta, priority
 from hotload.engines.reference import model as rm
@@ -80,7 +81,7 @@ class GenerationRequest:
 class GeneratedToken:
     token_id: int
     text: str
-    identity: str
+    identity: Identity
     finish_reason: str | None
     """``stop`` (EOS), ``length`` (max_tokens or context), or None while going on."""
 
@@ -92,12 +93,12 @@ class GenerationStats:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
-    identities: list[str] = field(default_factory=list)
+    identities: list[Identity] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class LoadReport:
-    identity: str
+    identity: Identity
     kind: SnapshotKind
     read_seconds: float
     swap_seconds: float
@@ -299,7 +300,7 @@ class ReferenceRuntime:
             log.info("a load ended in failure", extra={"error": str(task.exception())})
 
     async def apply_delta(
-        self, path: Path, identity: str, *, cache_policy: KvCachePolicy | None = None
+        self, path: Path, identity: Identity, *, cache_policy: KvCachePolicy | None = None
     ) -> LoadReport:
         """Patch the served weights with the delta at ``path`` (docs/engines.md).
 
@@ -312,7 +313,7 @@ class ReferenceRuntime:
         return await self._to_the_end(self._apply_delta(path, identity, cache_policy))
 
     async def _apply_delta(
-        self, path: Path, identity: str, cache_policy: KvCachePolicy | None
+        self, path: Path, identity: Identity, cache_policy: KvCachePolicy | None
     ) -> LoadReport:
         if self._loading:
             raise EngineBusy("another load is running", identity=identity)
@@ -326,7 +327,7 @@ class ReferenceRuntime:
             self.loading = None
 
     async def _patch(
-        self, path: Path, identity: str, cache_policy: KvCachePolicy | None
+        self, path: Path, identity: Identity, cache_policy: KvCachePolicy | None
     ) -> LoadReport:
         started = time.perf_counter()
         storage = self._storage
@@ -379,7 +380,7 @@ class ReferenceRuntime:
         log.info(
             "delta applied in place",
             extra={
-                "identity": identity,
+                "snapshot": identity,
                 "previous": previous,
                 "path": str(path),
                 "patch_s": round(report.read_seconds, 4),
@@ -391,7 +392,7 @@ class ReferenceRuntime:
     async def load(
         self,
         path: Path,
-        identity: str,
+        identity: Identity,
         kind: SnapshotKind,
         *,
         cache_policy: KvCachePolicy | None = None,
@@ -403,7 +404,7 @@ class ReferenceRuntime:
     async def _load(
         self,
         path: Path,
-        identity: str,
+        identity: Identity,
         kind: SnapshotKind,
         cache_policy: KvCachePolicy | None,
     ) -> LoadReport:
@@ -432,7 +433,7 @@ class ReferenceRuntime:
             log.info(
                 "weights swapped",
                 extra={
-                    "identity": identity,
+                    "snapshot": identity,
                     "previous": previous,
                     "kind": kind.value,
                     "path": str(path),
@@ -621,7 +622,7 @@ class ReferenceRuntime:
             "compute_dtype": rm.dtype_name(self.compute_dtype),
         }
 
-    def load_initial(self, path: Path, identity: str) -> None:
+    def load_initial(self, path: Path, identity: Identity) -> None:
         """Serve ``path`` (a full snapshot) from the start, before the server listens."""
         prepared = self._prepare(path, SnapshotKind.FULL)
         self._apply(prepared)

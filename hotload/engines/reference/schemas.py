@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from hotload.api import KvCachePolicy, SnapshotKind
-from hotload.api.snapshot_ref import Identity
+from hotload.api.identity import ValidIdentity
 from hotload.engines.protocol import PauseMode
 
 MAX_TOKENS_LIMIT = 4096
@@ -53,7 +53,7 @@ class LoadRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     path: Annotated[str, Field(min_length=1)]
-    identity: Identity
+    identity: ValidIdentity
     kind: SnapshotKind = SnapshotKind.FULL
     cache_policy: KvCachePolicy | None = None
     """Applied between the same two tokens as the swap (None: the cache is kept)."""
@@ -65,7 +65,7 @@ class DeltaRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     path: Annotated[str, Field(min_length=1)]
-    identity: Identity
+    identity: ValidIdentity
     cache_policy: KvCachePolicy | None = None
     """Applied between the same two tokens as the patch (None: the cache is kept)."""
 

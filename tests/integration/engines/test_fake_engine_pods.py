@@ -113,7 +113,7 @@ def history_of(harness: SidecarHarness) -> Iterator[Any]:  # noqa: F811
 
 async def fake_replica(harness: SidecarHarness, kind: EngineKind, name: str) -> Replica:  # noqa: F811
     """A pod whose engine container runs the fake of ``kind``."""
-    original = harness.pod_manifest
+    original = harness.pod_body
 
     def manifest(*args: Any, **kwargs: Any) -> dict[str, Any]:
         pod = original(*args, **kwargs)
@@ -125,11 +125,11 @@ async def fake_replica(harness: SidecarHarness, kind: EngineKind, name: str) -> 
                     container["env"] += [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}]
         return pod
 
-    harness.pod_manifest = manifest  # type: ignore[method-assign]
+    harness.pod_body = manifest  # type: ignore[method-assign]
     try:
         return await harness.replica(f"{name}-0", name)
     finally:
-        harness.pod_manifest = original  # type: ignore[method-assign]
+        harness.pod_body = original  # type: ignore[method-assign]
 
 
 async def engine_state(replica: Replica) -> dict[str, Any]:

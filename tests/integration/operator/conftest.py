@@ -124,7 +124,7 @@ class Rollout:
     def publish(self, step: int, *, full: bool = False, corrupt: bool = False) -> TinySnapshot:
         """Publish a snapshot to the bucket and apply its PolicySnapshot."""
         snapshot = self.prepare(step, full=full, corrupt=corrupt)
-        self.apply(snapshot.manifest(self.name))
+        self.apply(snapshot.policy_snapshot(self.name))
         return snapshot
 
     def get(self, kind: str, name: str) -> dict[str, Any]:

@@ -32,7 +32,7 @@ def test_full_then_deltas_roll_out_and_a_skipped_step_turns_ready_as_superseded(
     # A fast trainer: two steps in the bucket before either is applied.
     s1, s2 = rollout.prepare(1), rollout.prepare(2)
     # Applied out of order (s2 before its previous): Unknown, never a break, never the target.
-    rollout.apply(s2.manifest(rollout.name))
+    rollout.apply(s2.policy_snapshot(rollout.name))
     rollout.wait_for(
         f"{s2.identity} PreviousMissing",
         lambda: (
@@ -41,7 +41,7 @@ def test_full_then_deltas_roll_out_and_a_skipped_step_turns_ready_as_superseded(
         ),
     )
     assert rollout.target() == s0.identity
-    rollout.apply(s1.manifest(rollout.name))
+    rollout.apply(s1.policy_snapshot(rollout.name))
     rollout.wait_ready(s1.identity, s2.identity)
     assert rollout.condition(rollout.snapshot(s1.identity), "Ready") == ("True", "Superseded")
     assert rollout.condition(rollout.snapshot(s2.identity), "Ready") == ("True", "Rolled")
@@ -201,7 +201,7 @@ def test_another_writer_is_repaired(rollout: Rollout) -> None:
 def test_a_snapshot_of_a_missing_deployment_says_so(rollout: Rollout) -> None:
     """Would catch: a PolicySnapshot with a typo in deploymentRef left with empty columns."""
     orphan = rollout.prepare(0, full=True)
-    rollout.apply(orphan.manifest("no-such-deployment"))
+    rollout.apply(orphan.policy_snapshot("no-such-deployment"))
     rollout.wait_for(
         "Ready=False DeploymentNotFound",
         lambda: (

@@ -30,7 +30,7 @@ class TinySnapshot:
     previous: str | None
     files: tuple[str, ...]
 
-    def manifest(self, deployment: str) -> dict[str, Any]:
+    def policy_snapshot(self, deployment: str) -> dict[str, Any]:
         """The PolicySnapshot a trainer applies for it."""
         spec: dict[str, Any] = {
             "deploymentRef": {"name": deployment},

@@ -184,7 +184,7 @@ class SidecarHarness:
             },
         )
 
-    def pod_manifest(
+    def pod_body(
         self,
         name: str,
         deployment: str,
@@ -288,7 +288,7 @@ class SidecarHarness:
         if credentials:
             secret = f"{name}-bucket"
             self.create_secret(secret, credentials)
-        manifest = self.pod_manifest(
+        body = self.pod_body(
             name,
             deployment,
             service_account,
@@ -296,7 +296,7 @@ class SidecarHarness:
             engine_args=engine_args,
             secret=secret,
         )
-        self.core.create_namespaced_pod(self.namespace, manifest)
+        self.core.create_namespaced_pod(self.namespace, body)
 
     async def addressed(self, name: str, deployment: str) -> Replica:
         """The replica once the runtime gave its pod an address."""

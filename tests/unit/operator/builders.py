@@ -73,14 +73,14 @@ def pod(
         deployment=deployment,
         created=T0,
         terminating=terminating,
-        snapshot=snapshot,
-        target=target if target is not None else snapshot,
+        served_identity=snapshot,
+        target_identity=target if target is not None else snapshot,
         state=state,
         since=since or T0,
         via=via or ("full" if snapshot else None),
         reason=reason,
         message=message,
-        failed_snapshot=failed_snapshot,
+        failed_identity=failed_snapshot,
         serves_verified=verified if verified is not None else snapshot is not None,
     )
 

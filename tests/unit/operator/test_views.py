@@ -43,8 +43,10 @@ def test_pod_report_reads_the_sidecar_annotations_and_gate() -> None:
         )
     )  # fmt: skip
     assert report is not None
-    assert (report.snapshot, report.target, report.state) == ("s1", "s2", ReplicaState.FAILED)
-    assert (report.reason, report.failed_snapshot, report.serves_verified) == (
+    assert (report.served_identity, report.target_identity, report.state) == (
+        "s1", "s2", ReplicaState.FAILED,
+    )  # fmt: skip
+    assert (report.reason, report.failed_identity, report.serves_verified) == (
         "ChecksumMismatch", "s2", True,
     )  # fmt: skip
     assert report.ordinal == 2 and report.is_desired(3) and not report.is_desired(2)
