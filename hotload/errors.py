@@ -158,6 +158,11 @@ class EngineRejected(EngineError):
     reason = "EngineRejected"
 
 
+class LoadNotStarted(EngineRejected):
+    """Refused before the engine was asked (the adapter's checks of the directory): the
+    engine's weights were never touched, whatever its ``rollback_trusted`` says."""
+
+
 class DeltaNotApplicable(EngineRejected):
     """The engine cannot patch this delta into its live weights (the layout changed, or
     it serves a LoRA merge); its old weights serve on: load the rebuilt directory."""
@@ -274,3 +279,10 @@ class ContainerConfigInvalid(LocalRegionError):
     and the runtime retries with backoff, as a kubelet does."""
 
     reason = "CreateContainerConfigError"
+
+
+class ImageNotInstalled(ContainerConfigInvalid):
+    """A local image's virtualenv is not in the cache (hack/install-vllm did not run or
+    was refused): the container waits, as a kubelet waits on an image it may not pull."""
+
+    reason = "ErrImageNeverPull"

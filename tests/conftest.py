@@ -4,4 +4,5 @@ pytest_plugins = [
     "tests.fixtures.cluster",
     "tests.fixtures.chart",
     "tests.fixtures.minio",
+    "tests.fixtures.vllm",
 ]

@@ -1,7 +1,8 @@
 """Which pods are the runtime's, and how each of their containers runs.
 
 A pod with at least one container whose ``command[0]`` is ``hotload`` is ours
-(CONTRACTS.md: recognised by the command, never the image); kwok's stages are
+(CONTRACTS.md: recognised by the command, never the image); its other containers run
+when their image is one the runtime runs from the cache (the real vLLM); kwok's stages are
 configured not to touch such pods, so the runtime alone writes their status and
 finishes their deletion. Pods are plain dicts as the apiserver sends them.
 """
@@ -15,6 +16,7 @@ from typing import Any, Final
 
 from hotload.api.labels import INSTANCE_LABEL
 from hotload.api.pod import ANNOTATION_RUNTIME, ENV_DEPLOYMENT, RUNTIME_SHARED
+from hotload.local.runtime.images import local_image
 
 OUR_COMMAND: Final = "hotload"
 
@@ -29,6 +31,9 @@ class ContainerMode(StrEnum):
     """The sidecar agent, as an asyncio task in the deployment's shared host."""
     SHARED_ENGINE = "shared-engine"
     """The ``noop`` engine of a shared pod: it lives inside its agent."""
+    IMAGE = "image"
+    """Another command, in an image the runtime runs from a virtualenv of the cache
+    (:mod:`hotload.local.runtime.images`: the real vLLM)."""
     UNSUPPORTED = "unsupported"
     """Not ours (another command): waits with reason ``UnsupportedCommand``."""
 
@@ -81,7 +86,9 @@ def plan_containers(pod: Pod) -> list[ContainerPlan]:
     plans: list[ContainerPlan] = []
     for container in pod.get("spec", {}).get("containers") or []:
         name = str(container.get("name", ""))
-        if not is_our_container(container):
+        if not is_our_container(container) and local_image(str(container.get("image", ""))):
+            plans.append(ContainerPlan(name, ContainerMode.IMAGE))
+        elif not is_our_container(container):
             command = " ".join(container_command(container)) or "(image entrypoint)"
             plans.append(
                 ContainerPlan(

@@ -2,11 +2,11 @@
 
 A worker gives the pod an address, a directory and its ServiceAccount credentials, runs
 each of its containers under a :class:`ContainerSupervisor` (a local process, an agent
-task in a shared host, or the noop engine inside that agent; anything else waits with
-``UnsupportedCommand``), keeps its status current, renews its token, and on deletion
-stops the containers within the pod's grace period (SIGTERM, then SIGKILL) before
-finishing the deletion itself (``gracePeriodSeconds: 0`` with a uid precondition, as a
-kubelet does once its containers are gone).
+task in a shared host, the noop engine inside that agent, or an engine image run from
+the cache; anything else waits with ``UnsupportedCommand``), keeps its status current,
+renews its token, and on deletion stops the containers within the pod's grace period
+(SIGTERM, then SIGKILL) before finishing the deletion itself (``gracePeriodSeconds: 0``
+with a uid precondition, as a kubelet does once its containers are gone).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from hotload.local.runtime.environment import (
     container_argv,
     container_env,
 )
+from hotload.local.runtime.images import image_argv, image_env, local_image
 from hotload.local.runtime.kube_rest import KubeRest
 from hotload.local.runtime.ownership import (
     ContainerMode,
@@ -393,13 +394,19 @@ class PodWorker:
         async def launch_process() -> RunningContainer:
             env = await self._container_env(container)
             root = self.directory.container_root(plan.name)
+            argv = container_argv(container, env, str(self.deps.settings.hotload_executable))
+            image = local_image(str(container.get("image", "")))
+            if plan.mode is ContainerMode.IMAGE and image is not None:
+                own = [str(entry["name"]) for entry in container.get("env") or []]
+                env = image_env(image, env, own)
+                argv = image_argv(image, container, argv, root)
             cwd = (
                 host_path(str(container["workingDir"]), root)
                 if container.get("workingDir")
                 else root
             )
             spec = ProcessSpec(
-                argv=container_argv(container, env, str(self.deps.settings.hotload_executable)),
+                argv=argv,
                 env=env,
                 cwd=cwd,
                 log_path=self.directory.log_path(plan.name),

