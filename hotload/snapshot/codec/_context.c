@@ -200,7 +200,7 @@ writer_reserve(Writer *w, Py_ssize_t more)
     Py_ssize_t capacity = w->capacity ? w->capacity : 256;
     while (capacity < w->size + more)
         capacity *= 2;
-    uint8_t *data = PyMem_Realloc(w->data, (size_t)capacity);
+    uint8_t *data = PyMem_RawRealloc(w->data, (size_t)capacity);
     if (data == NULL)
         return -1;
     w->data = data;
@@ -850,7 +850,7 @@ encode_chunk(PyObject *self, PyObject *args)
     if (!error)
         result = PyBytes_FromStringAndSize((const char *)w.data, w.size);
 done:
-    PyMem_Free(w.data);
+    PyMem_RawFree(w.data);
     PyMem_Free(next_gap);
     PyMem_Free(change_class);
     PyBuffer_Release(&prev);
