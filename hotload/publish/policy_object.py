@@ -1,0 +1,34 @@
+"""The PolicySnapshot object the publisher applies in every region for one snapshot."""
+
+from __future__ import annotations
+
+from hotload.api import PolicySnapshot, SnapshotKind
+from hotload.publish.settings import PublisherSettings
+from hotload.snapshot import FORMAT
+
+
+def policy_snapshot(
+    settings: PublisherSettings,
+    identity: str,
+    step: int,
+    kind: SnapshotKind,
+    previous: str | None,
+) -> dict[str, object]:
+    """Its ``to_k8s()`` form, validated by the API's model."""
+    spec: dict[str, object] = {
+        "deploymentRef": {"name": settings.deployment},
+        "identity": identity,
+        "step": step,
+        "kind": kind.value,
+    }
+    if previous is not None:
+        # the format the encoder just wrote, not the API's historical default (v1)
+        spec["incremental"] = {"previousIdentity": previous, "compressionFormat": FORMAT}
+    if settings.kv_cache_policy is not None:
+        spec["kvCachePolicy"] = settings.kv_cache_policy.value
+    if settings.ignored_config_fields:
+        spec["ignoredConfigFields"] = list(settings.ignored_config_fields)
+    snapshot = PolicySnapshot.model_validate(
+        {"metadata": {"name": identity, "namespace": settings.namespace}, "spec": spec}
+    )
+    return snapshot.to_k8s()

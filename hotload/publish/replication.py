@@ -1,0 +1,112 @@
+"""Where buckets replicate from the home bucket: wait until a region's copy of a snapshot
+is complete before its PolicySnapshot is applied, so its replicas never look for files
+that are still on their way; and write files replication is late with again."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Final
+
+from hotload.errors import HotloadError, NotFound
+from hotload.publish.region_buckets import RegionBuckets
+from hotload.publish.region_run import Landed
+from hotload.publish.state import PendingSnapshot
+from hotload.snapshot.publish import snapshot_files
+
+log = logging.getLogger(__name__)
+
+REPLICATION_POLL_S: Final = 0.2
+REPLICATION_POLL_MAX_S: Final = 2.0
+
+
+class ReplicationWatch:
+    """Watches each region's copy arrive (HEAD requests through its own endpoint)."""
+
+    def __init__(
+        self,
+        buckets: RegionBuckets,
+        *,
+        home: str | None,
+        timeout_s: float,
+        nudge_after_s: float,
+    ) -> None:
+        self._buckets = buckets
+        self._home = home
+        self._timeout_s = timeout_s
+        self._nudge_after_s = nudge_after_s
+
+    def lander(self, context: str) -> Landed | None:
+        """The wait for ``context``'s copy; None where the region's bucket is written
+        directly."""
+        if self._home is None or context == self._home:
+            return None
+
+        async def landed(item: PendingSnapshot) -> bool:
+            return await self._landed(context, item)
+
+        return landed
+
+    async def _landed(self, context: str, item: PendingSnapshot) -> bool:
+        bucket = self._buckets.get(context)
+        if bucket is None or self._buckets.write_bucket(context).key == bucket.key:
+            return True
+        storage = self._buckets.storage(bucket)
+        missing = {f"{item.identity}/{rel}" for rel in snapshot_files(Path(item.encoded))}
+        started = time.monotonic()
+        deadline = started + self._timeout_s
+        nudge_after = self._nudge_after_s
+        nudge_at = started + nudge_after if nudge_after > 0 else None
+        interval = REPLICATION_POLL_S
+        while True:
+            for key in sorted(missing):
+                try:
+                    await storage.stat(key)
+                except NotFound:
+                    continue
+                except HotloadError as err:
+                    # No access to the replica (credentials for the home bucket only):
+                    # the replicas will wait for their files themselves.
+                    log.info(
+                        "cannot watch the region's copy arrive",
+                        extra={"context": context, "error": str(err)[:200]},
+                    )
+                    return False
+                missing.discard(key)
+            if not missing:
+                return True
+            if time.monotonic() > deadline:
+                log.warning(
+                    "replication has not brought the region its copy yet; applying",
+                    extra={"context": context, "snapshot": item.identity},
+                )
+                return False
+            if nudge_at is not None and time.monotonic() >= nudge_at:
+                await self._nudge(context, item, sorted(missing))
+                nudge_at = time.monotonic() + 2 * nudge_after
+            await asyncio.sleep(interval)
+            interval = min(REPLICATION_POLL_MAX_S, interval * 1.5)
+
+    async def _nudge(self, context: str, item: PendingSnapshot, missing: list[str]) -> None:
+        """Write the files a region still lacks into the home bucket again: a new version
+        of each, which replication sends at once (the failed one waits in MinIO's retry
+        queue). The bytes cross the home link again, and each other region's link once
+        more: only in this rare case, and only for the missing files."""
+        log.warning(
+            "replication is late; writing the missing files into the home bucket again",
+            extra={"context": context, "snapshot": item.identity, "files": len(missing)},
+        )
+        storage = self._buckets.storage(self._buckets.write_bucket(context))
+        encoded = Path(item.encoded)
+        for key in missing:
+            relative = key.removeprefix(f"{item.identity}/")
+            try:
+                await storage.put_file(key, encoded / relative)
+            except (HotloadError, OSError) as err:
+                log.info(
+                    "could not write a late file again; waiting for replication",
+                    extra={"context": context, "key": key, "error": str(err)[:200]},
+                )
+                return
