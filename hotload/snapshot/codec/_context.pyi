@@ -24,10 +24,22 @@ def encode_chunk(
     value_k: bytes,
     positions: Buffer,
     values: Buffer,
+    simd: bool = True,
 ) -> bytes: ...
-
+def scan_chunk(
+    new: Buffer,
+    old: Buffer,
+    width: int,
+    shift: int,
+    key_bits: int,
+    positions_out: Buffer,
+    values_out: Buffer,
+    hist_out: Buffer,
+) -> int: ...
 def apply_changes(
     words: Buffer, width: int, positions: Buffer, position_width: int, zig: Buffer
 ) -> None: ...
 
 SIMD: int
+
+def value_orders(magnitudes: Buffer, change_class: Buffer, classes: int) -> bytes | None: ...

@@ -28,6 +28,7 @@ import numpy as np
 
 from hotload.errors import DecodeFailed
 from hotload.snapshot.codec import context_kernels
+from hotload.snapshot.codec.changes import TensorChanges, keys_of
 from hotload.snapshot.codec.context_model import (
     EXPONENT_KEYS,
     ContextModel,
@@ -65,21 +66,52 @@ class ContextInputs:
         """How many previous elements have each key (one pass, kept for the next model)."""
         found = self._counts.get((key_shift, key_bits))
         if found is None:
-            found = np.bincount(_keys(self.previous, key_shift, key_bits), minlength=1 << key_bits)
+            keys = keys_of(self.previous, key_shift, key_bits)
+            found = np.bincount(keys, minlength=1 << key_bits)
             self._counts[(key_shift, key_bits)] = found
         return found
-
-
-def _keys(words: np.ndarray, key_shift: int, key_bits: int) -> np.ndarray:
-    """Each word's key: ``(word >> key_shift) & (2**key_bits - 1)``."""
-    kind = words.dtype.type
-    keys: np.ndarray = (words >> kind(key_shift)) & kind((1 << key_bits) - 1)
-    return keys
 
 
 def key_of(dtype: str | None) -> tuple[int, int]:
     """(key_shift, key_bits) for a dtype: its exponent field; (0, 0) when it has none."""
     return EXPONENT_KEYS.get(dtype or "", (0, 0))
+
+
+def _fit(
+    per_key: np.ndarray | None,
+    elements: int,
+    changed_keys: np.ndarray | None,
+    values: np.ndarray,
+    *,
+    key_shift: int,
+    key_bits: int,
+    classes: int,
+) -> ContextModel:
+    """The model for a tensor's changes (``changed_keys``: their previous keys, None
+    without a key; ``values``: their zigzag differences)."""
+    magnitudes = (values >> values.dtype.type(1)).astype(np.uint64) + (values & 1).astype(np.uint64)
+    return choose_model(
+        per_key,
+        elements,
+        np.zeros(len(values), dtype=np.intp) if changed_keys is None else changed_keys,
+        magnitudes,
+        key_shift=key_shift,
+        key_bits=key_bits,
+        classes=classes,
+    )
+
+
+def _assemble(
+    chunk_elements: int, model: ContextModel, counts: list[int], streams: list[bytes]
+) -> bytes:
+    head = bytearray()
+    write_varint(chunk_elements, head)
+    write_model(model, head)
+    for changes, stream in zip(counts, streams, strict=True):
+        write_varint(changes, head)
+        if changes:
+            write_varint(len(stream), head)
+    return bytes(head) + b"".join(streams)
 
 
 def encode(
@@ -90,20 +122,15 @@ def encode(
     classes: int,
     executor: Executor | None = None,
 ) -> bytes:
-    """The payload of one tensor with a model of up to ``classes`` classes."""
+    """The payload of one tensor with a model of up to ``classes`` classes (the
+    reference path: whole-tensor arrays, whatever backend made them)."""
     key_shift, key_bits = key_of(dtype) if classes > 1 else (0, 0)
     previous, positions, values = inputs.previous, inputs.positions, inputs.values
-    per_key = None
-    changed_keys = np.zeros(len(positions), dtype=np.intp)
-    if key_bits:
-        per_key = inputs.key_counts(key_shift, key_bits)
-        changed_keys = _keys(previous[positions], key_shift, key_bits)
-    magnitudes = (values >> values.dtype.type(1)).astype(np.uint64) + (values & 1).astype(np.uint64)
-    model = choose_model(
-        per_key,
+    model = _fit(
+        inputs.key_counts(key_shift, key_bits) if key_bits else None,
         len(previous),
-        changed_keys,
-        magnitudes,
+        keys_of(previous[positions], key_shift, key_bits) if key_bits else None,
+        values,
         key_shift=key_shift,
         key_bits=key_bits,
         classes=classes,
@@ -125,15 +152,60 @@ def encode(
 
     indices = range(len(bounds))
     streams = list(executor.map(one, indices)) if executor else [one(i) for i in indices]
-    head = bytearray()
-    write_varint(chunk_elements, head)
-    write_model(model, head)
-    for index, stream in enumerate(streams):
-        changes = int(splits[index + 1] - splits[index])
-        write_varint(changes, head)
-        if changes:
-            write_varint(len(stream), head)
-    return bytes(head) + b"".join(streams)
+    counts = [int(splits[i + 1] - splits[i]) for i in indices]
+    return _assemble(chunk_elements, model, counts, streams)
+
+
+def encode_changes(
+    previous: np.ndarray,
+    found: TensorChanges,
+    chunk_elements: int,
+    *,
+    dtype: str | None,
+    classes: int,
+    executor: Executor | None = None,
+    simd: bool = True,
+) -> bytes:
+    """The same payload as :func:`encode`, from the changes one scan found per chunk
+    (every chunk's changes collected; the key counts of ``dtype``'s key when
+    ``classes`` > 1)."""
+    key_shift, key_bits = key_of(dtype) if classes > 1 else (0, 0)
+    chunks = [c for c in found.chunks if c.count]
+    values = np.concatenate([np.zeros(0, dtype=previous.dtype)] + [c.values for c in chunks])
+    changed_keys = None
+    if key_bits:
+        changed_keys = np.concatenate(
+            [np.zeros(0, dtype=previous.dtype)]
+            + [
+                keys_of(previous[c.start : c.start + c.length][c.positions], key_shift, key_bits)
+                for c in chunks
+            ]
+        )
+    model = _fit(
+        found.key_counts() if key_bits else None,
+        len(previous),
+        changed_keys,
+        values,
+        key_shift=key_shift,
+        key_bits=key_bits,
+        classes=classes,
+    )
+
+    def one(index: int) -> bytes:
+        chunk = found.chunks[index]
+        if not chunk.count:
+            return b""
+        return context_kernels.encode_chunk(
+            previous[chunk.start : chunk.start + chunk.length],
+            model,
+            chunk.positions,
+            chunk.values,
+            simd=simd,
+        )
+
+    indices = range(len(found.chunks))
+    streams = list(executor.map(one, indices)) if executor else [one(i) for i in indices]
+    return _assemble(chunk_elements, model, [c.count for c in found.chunks], streams)
 
 
 def parse(payload: memoryview, numel: int, width: int, *, tensor: str) -> list[ContextChunk]:

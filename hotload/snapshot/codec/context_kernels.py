@@ -84,8 +84,12 @@ def encode_chunk(
     values: np.ndarray,
     *,
     native: bool = NATIVE,
+    simd: bool = True,
 ) -> bytes:
-    """The chunk's stream; ``positions`` (uint32, increasing) index ``previous``."""
+    """The chunk's stream; ``positions`` (uint32, increasing) index ``previous``.
+
+    ``simd=False`` keeps the native kernel on its portable scan (same bytes: tests compare
+    all three)."""
     previous = np.ascontiguousarray(previous)
     positions = np.ascontiguousarray(positions, dtype=np.uint32)
     values = np.ascontiguousarray(values, dtype=previous.dtype)
@@ -100,6 +104,7 @@ def encode_chunk(
             model.value_k_bytes(),
             positions.data,
             values.data,
+            simd,
         )
         return stream
     return context_reference.encode_chunk(previous, model, positions, values)

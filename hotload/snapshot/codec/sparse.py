@@ -46,12 +46,19 @@ def gap_planes_for(max_gap: int) -> int:
 def chunk_planes(new: np.ndarray, old: np.ndarray) -> tuple[int, int, list[np.ndarray]]:
     """(changes, gap planes, planes: gaps then values) of one chunk (numpy backend)."""
     positions = np.flatnonzero(new != old)
+    return planes_of_changes(positions, zigzag_diff(new[positions], old[positions]))
+
+
+def planes_of_changes(
+    positions: np.ndarray, values: np.ndarray
+) -> tuple[int, int, list[np.ndarray]]:
+    """(changes, gap planes, planes) of a chunk's changes: ``positions`` in the chunk,
+    increasing, and their zigzag differences."""
     changes = len(positions)
     if changes == 0:
         return 0, 0, []
-    gaps = np.diff(positions, prepend=-1) - 1
+    gaps = np.diff(positions.astype(np.int64), prepend=-1) - 1
     gap_count = gap_planes_for(int(gaps.max()))
-    values = zigzag_diff(new[positions], old[positions])
     return (
         changes,
         gap_count,

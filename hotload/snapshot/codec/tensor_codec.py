@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from hotload.errors import DecodeFailed
-from hotload.snapshot.codec import context, dense, sparse
+from hotload.snapshot.codec import changes, context, context_kernels, dense, sparse
 from hotload.snapshot.codec.context_model import MAX_CLASSES
 from hotload.snapshot.codec.transforms import apply_changes, zigzag_diff
 from hotload.snapshot.limits import DEFAULT_CHUNK_ELEMENTS, MAX_CHUNK_ELEMENTS
@@ -43,6 +43,7 @@ _PREFERENCE = (
 )
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 
 @dataclass(frozen=True)
@@ -74,9 +75,7 @@ class EncodedTensor:
     """Elements whose bits differ from the previous tensor (None for ``raw``)."""
 
 
-def _map(
-    executor: Executor | None, fn: Callable[[tuple[int, int]], T], items: Iterable[tuple[int, int]]
-) -> list[T]:
+def _map(executor: Executor | None, fn: Callable[[U], T], items: Iterable[U]) -> list[T]:
     if executor is None:
         return [fn(item) for item in items]
     return list(executor.map(fn, items))
@@ -145,12 +144,20 @@ def encode_tensor(
     backend: WordBackend | None = None,
     *,
     dtype: str | None = None,
+    native: bool = True,
+    simd: bool = True,
 ) -> EncodedTensor:
     """Encode ``new`` (1-D words) against ``old`` (same words, or None: no previous).
 
     Words are numpy arrays of unsigned integers, or torch tensors (any device) viewed
     as integers of the dtype's width; the payload is the same either way. ``dtype`` (the
     safetensors name) says where the exponent is, for the ``context`` codec's classes.
+
+    numpy words take the native path where the kernels are built: one scan per chunk
+    finds the changes (:mod:`~hotload.snapshot.codec.changes`) and the ``sparse`` and
+    ``context`` candidates are made from them. ``native=False`` takes the reference path
+    (the backend's whole-tensor passes, as torch words always do) and ``simd=False`` the
+    native kernels' portable loops: the same bytes every way (the tests compare them).
     """
     words = backend or backend_for(new)
     total = words.length(new)
@@ -170,26 +177,52 @@ def encode_tensor(
 
     if old is None or not words.same_layout(new, old):
         return EncodedTensor(CodecId.RAW, dense_payload(CodecId.RAW), None)
-    changed = words.changed(new, old)
+    allowed = set(options.codecs)
+    key_shift, key_bits = (0, 0)
+    if CodecId.CONTEXT in allowed and options.context_classes > 1:
+        key_shift, key_bits = context.key_of(dtype)
+
+    found = None
+    if native and context_kernels.NATIVE and isinstance(words, NumpyWords):
+        found = changes.scan_tensor(
+            new,
+            old,
+            bounds,
+            key_shift=key_shift,
+            key_bits=key_bits,
+            count_keys=key_bits > 0,
+            limit=_sparse_limit(total),
+            executor=executor,
+        )
+        changed = found.changed
+    else:
+        changed = words.changed(new, old)
     if changed == 0:
         return EncodedTensor(CodecId.UNCHANGED, b"", 0)
     fraction = changed / total
     candidates: dict[CodecId, bytes] = {}
-    allowed = set(options.codecs)
     if CodecId.SPARSE in allowed and fraction <= SPARSE_MAX_FRACTION:
 
         def one_sparse(bound: tuple[int, int]) -> tuple[int, int, list[bytes]]:
             s, n = bound
             return sparse.compress_chunk(words.sparse_planes(new[s : s + n], old[s : s + n]), level)
 
-        candidates[CodecId.SPARSE] = sparse.assemble(size, _map(executor, one_sparse, bounds))
+        def one_found(chunk: changes.ChunkChanges) -> tuple[int, int, list[bytes]]:
+            return sparse.compress_chunk(
+                sparse.planes_of_changes(chunk.positions, chunk.values), level
+            )
+
+        candidates[CodecId.SPARSE] = sparse.assemble(
+            size,
+            _map(executor, one_sparse, bounds)
+            if found is None
+            else _map(executor, one_found, found.chunks),
+        )
     if CodecId.CONTEXT in allowed and fraction <= SPARSE_MAX_FRACTION:
-        inputs = words.context_inputs(new, old)
-        for classes in sorted({1, options.context_classes}):
-            payload = context.encode(inputs, size, dtype=dtype, classes=classes, executor=executor)
-            if CodecId.CONTEXT not in candidates or len(payload) < len(candidates[CodecId.CONTEXT]):
-                candidates[CodecId.CONTEXT] = payload
-        del inputs
+        candidates[CodecId.CONTEXT] = _context_payload(
+            words, new, old, found, options, executor, dtype=dtype, simd=simd
+        )
+    del found
     if CodecId.DENSE_SUB in allowed and (fraction >= DENSE_MIN_FRACTION or not candidates):
         candidates[CodecId.DENSE_SUB] = dense_payload(CodecId.DENSE_SUB)
     if CodecId.DENSE_XOR in allowed and (fraction >= XOR_MIN_FRACTION or not candidates):
@@ -198,6 +231,50 @@ def encode_tensor(
         candidates[CodecId.RAW] = dense_payload(CodecId.RAW)
     best = min(candidates, key=lambda c: (len(candidates[c]), _PREFERENCE.index(c)))
     return EncodedTensor(best, candidates[best], None if best is CodecId.RAW else changed)
+
+
+def _sparse_limit(total: int) -> int:
+    """The most changes of ``total`` elements for which the sparse candidates are tried
+    (``changes / total <= SPARSE_MAX_FRACTION``, as the encoder computes it): a scan keeps
+    positions only up to here, since past it they would not be used."""
+    limit = int(SPARSE_MAX_FRACTION * total)
+    while limit < total and (limit + 1) / total <= SPARSE_MAX_FRACTION:
+        limit += 1
+    while limit > 0 and limit / total > SPARSE_MAX_FRACTION:
+        limit -= 1
+    return limit
+
+
+def _context_payload(
+    words: WordBackend,
+    new: Any,
+    old: Any,
+    found: changes.TensorChanges | None,
+    options: CodecOptions,
+    executor: Executor | None,
+    *,
+    dtype: str | None,
+    simd: bool,
+) -> bytes:
+    """The smaller of the order-0 and the context-modelled payloads (the first on a tie),
+    from the scan's changes when there is one, else from the backend's inputs."""
+    size = options.chunk_elements
+    make: Callable[[int], bytes]
+    if found is None:
+        inputs = words.context_inputs(new, old)
+
+        def make(classes: int) -> bytes:
+            return context.encode(inputs, size, dtype=dtype, classes=classes, executor=executor)
+
+    else:
+        scanned = found
+
+        def make(classes: int) -> bytes:
+            return context.encode_changes(
+                old, scanned, size, dtype=dtype, classes=classes, executor=executor, simd=simd
+            )
+
+    return min((make(classes) for classes in sorted({1, options.context_classes})), key=len)
 
 
 @dataclass(frozen=True)

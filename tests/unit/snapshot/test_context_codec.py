@@ -26,6 +26,12 @@ from hotload.snapshot.codec.varint import write_varint
 
 DTYPES = {1: "F8_E4M3", 2: "BF16", 4: "F32", 8: "F64"}
 BACKENDS = [False, *([True] if context_kernels.NATIVE else [])]
+#: (native, simd) encoders: the reference, the native portable scan, the native AVX2 scan.
+ENCODERS = [
+    (False, False),
+    *([(True, False)] if context_kernels.NATIVE else []),
+    *([(True, True)] if context_kernels.SIMD else []),
+]
 #: (native, simd) decoders: the reference, the native portable loop, the native AVX2 loop.
 DECODERS = [
     (False, False),
@@ -52,14 +58,20 @@ def step_like(n: int, width: int, seed: int, fraction: float) -> tuple[np.ndarra
 
 
 def encode_with(
-    native: bool, old: np.ndarray, new: np.ndarray, chunk: int, classes: int, dtype: str
+    native: bool,
+    old: np.ndarray,
+    new: np.ndarray,
+    chunk: int,
+    classes: int,
+    dtype: str,
+    simd: bool = True,
 ) -> bytes:
     positions = np.flatnonzero(new != old)
     inputs = context.ContextInputs(old, positions, zigzag_diff(new[positions], old[positions]))
     original = context_kernels.encode_chunk
     try:
         context_kernels.encode_chunk = (  # type: ignore[assignment]
-            lambda *args, **kwargs: original(*args, **kwargs, native=native)
+            lambda *args, **kwargs: original(*args, **kwargs, native=native, simd=simd)
         )
         return context.encode(inputs, chunk, dtype=dtype, classes=classes)
     finally:
@@ -96,10 +108,11 @@ def test_round_trip_is_bit_exact_and_the_kernels_agree(
 ) -> None:
     old, new = step_like(n, width, seed, fraction)
     payloads = {
-        native: encode_with(native, old, new, chunk, classes, DTYPES[width]) for native in BACKENDS
+        (native, simd): encode_with(native, old, new, chunk, classes, DTYPES[width], simd)
+        for native, simd in ENCODERS
     }
     assert len(set(payloads.values())) == 1, "native and Python kernels wrote different bytes"
-    payload = payloads[False]
+    payload = payloads[(False, False)]
     changed = int(np.count_nonzero(new != old))
     for decoder in DECODERS:
         assert np.array_equal(decode_with(decoder, payload, old, changed), new), decoder
@@ -110,11 +123,14 @@ def test_round_trip_is_bit_exact_and_the_kernels_agree(
 @pytest.mark.parametrize("n", [64 * 1000 + 37, 200_003])
 def test_long_sparse_chunks_decode_alike(width: int, classes: int, n: int) -> None:
     """Gaps spanning thousands of 64-element blocks, changes at a chunk's first and last
-    elements, and tails shorter than a block: the loops that count 64 at a time agree."""
+    elements, and tails shorter than a block: the loops that count 64 at a time agree
+    (the decoders, and the encoders' rank scans)."""
     old, new = step_like(n, width, n + width, 0.00005)
     for at in (0, 1, 63, 64, n - 65, n - 1):
         new[at] = old[at] ^ 1
     payload = encode_with(False, old, new, n, classes, DTYPES[width])
+    for native, simd in ENCODERS:
+        assert encode_with(native, old, new, n, classes, DTYPES[width], simd) == payload
     changed = int(np.count_nonzero(new != old))
     for decoder in DECODERS:
         assert np.array_equal(decode_with(decoder, payload, old, changed), new), decoder

@@ -1,0 +1,287 @@
+"""Every path of the tensor encoder writes the bytes it wrote before its native path.
+
+The paths: the native one (one scan per chunk finds the changes, the context codec's
+ranks, bits and magnitude orders in C) on its AVX2 loops where the CPU has them and on
+its portable loops (``simd=False``), and the reference path (``native=False``: the
+whole-tensor numpy passes torch words take). The oracles: the golden payloads
+(tests/golden/encoder, written by the encoder of commit d2baf31) and that encoder frozen
+(``encoder_reference``) on random tensors of every dtype and shape and on real Adam steps.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import itertools
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hotload.snapshot import CodecId, CodecOptions
+from hotload.snapshot.codec import changes, context_kernels
+from hotload.snapshot.codec.context_model import (
+    EXPONENT_KEYS,
+    choose_model,
+    value_orders,
+)
+from hotload.snapshot.codec.tensor_codec import encode_tensor
+
+from . import encoder_reference
+
+GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "encoder"
+
+
+def _generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("encoder_golden", GOLDEN / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+generate = _generator()
+EXPECTED: dict[str, dict[str, Any]] = json.loads((GOLDEN / "expected.json").read_text())
+PATHS: dict[str, dict[str, bool]] = {
+    "reference path": {"native": False},
+    **({"native, portable loops": {"simd": False}, "native": {}} if context_kernels.NATIVE else {}),
+}
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_every_path_writes_the_golden_payloads(path: str) -> None:
+    encode = functools.partial(encode_tensor, **PATHS[path])
+    found = {
+        case.name: generate.summary(generate.run(case, encode, CodecOptions, CodecId))
+        for case in generate.cases()
+    }
+    assert found.keys() == EXPECTED.keys()
+    for name, summary in found.items():
+        assert summary == EXPECTED[name], name
+
+
+def test_chunks_encoded_on_threads_write_the_golden_payloads() -> None:
+    with ThreadPoolExecutor(2) as pool:
+        for case in generate.cases():
+            if case.chunk < case.n <= 1000 * case.chunk:
+                encode = functools.partial(encode_tensor, executor=pool)
+                found = generate.summary(generate.run(case, encode, CodecOptions, CodecId))
+                assert found == EXPECTED[case.name], case.name
+
+
+def test_the_golden_payloads_cover_every_codec_and_edge() -> None:
+    assert {s["codec"] for s in EXPECTED.values()} == {c.value for c in CodecId} - {"stored"}
+    sizes = {case.n for case in generate.cases()}
+    assert {0, 1, 63, 64, 65} <= sizes
+    assert {case.dtype for case in generate.cases()} >= set(generate.WIDTHS)
+
+
+@st.composite
+def tensors(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, CodecOptions, str | None]:
+    dtype = draw(st.sampled_from([*generate.WIDTHS, None]))
+    width = generate.WIDTHS.get(dtype or "", draw(st.sampled_from([1, 2, 4, 8])))
+    n = draw(st.one_of(st.sampled_from([0, 1, 2, 31, 32, 33, 64, 65]), st.integers(0, 5000)))
+    case = generate.Case(
+        "drawn",
+        dtype,
+        width,
+        n,
+        draw(st.integers(1, 10**6)),
+        draw(st.sampled_from([0, 30, 2000, 10_000, 100_000, 300_000, 10**6])),
+        draw(st.sampled_from(["ulp", "mixed", "random"])),
+    )
+    old, new = case.words()
+    codecs = draw(
+        st.sampled_from(
+            [
+                CodecOptions().codecs,
+                (CodecId.CONTEXT,),
+                (CodecId.SPARSE, CodecId.CONTEXT),
+                (CodecId.DENSE_SUB, CodecId.RAW),
+            ]
+        )
+    )
+    options = CodecOptions(
+        chunk_elements=draw(st.sampled_from([1, 5, 64, 1000, 1 << 20])),
+        context_classes=draw(st.sampled_from([1, 2, 3, 8])),
+        codecs=codecs,
+    )
+    return old, new, options, dtype
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@given(tensors())
+def test_random_tensors_encode_as_the_frozen_encoder_did(
+    drawn: tuple[np.ndarray, np.ndarray, CodecOptions, str | None],
+) -> None:
+    old, new, options, dtype = drawn
+    expected = encoder_reference.reference_encode(new, old, options, dtype=dtype)
+    for path, flags in PATHS.items():
+        assert encode_tensor(new, old, options, dtype=dtype, **flags) == expected, path
+
+
+def test_real_adam_steps_encode_as_the_frozen_encoder_did() -> None:
+    """A small network trained for real (Adam at RL learning rates), its weights cast to
+    bf16, f16 and f32 after every step: the changes an RL trainer publishes."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(3)
+    casts = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+
+    def words(tensor: Any) -> np.ndarray:
+        flat = tensor.detach().reshape(-1).contiguous()
+        width = flat.element_size()
+        signed = {2: torch.int16, 4: torch.int32}[width]
+        host: np.ndarray = flat.view(signed).numpy().view(f"u{width}")
+        return host
+
+    options = CodecOptions(chunk_elements=1000)
+    chosen: set[CodecId] = set()
+    for lr in (1e-6, 1e-5):
+        model = torch.nn.Sequential(
+            torch.nn.Linear(32, 96),
+            torch.nn.GELU(),
+            torch.nn.LayerNorm(96),
+            torch.nn.Linear(96, 16),
+        )
+        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        steps = [{n: p.detach().clone() for n, p in model.named_parameters()}]
+        for _ in range(2):
+            loss = model(torch.randn(32, 32)).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            steps.append({n: p.detach().clone() for n, p in model.named_parameters()})
+        for before, after in itertools.pairwise(steps):
+            for name in before:
+                for dtype, cast in casts.items():
+                    old, new = words(before[name].to(cast)), words(after[name].to(cast))
+                    expected = encoder_reference.reference_encode(new, old, options, dtype=dtype)
+                    chosen.add(expected.codec)
+                    for path, flags in PATHS.items():
+                        found = encode_tensor(new, old, options, dtype=dtype, **flags)
+                        assert found == expected, (lr, name, dtype, path)
+    assert CodecId.CONTEXT in chosen
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    width=st.sampled_from([1, 2, 4, 8]),
+    n=st.one_of(st.sampled_from([0, 1, 7, 8, 9, 4095, 4096, 4097]), st.integers(0, 9000)),
+    per_million=st.sampled_from([0, 100, 50_000, 10**6]),
+    seed=st.integers(1, 10**6),
+    keyed=st.booleans(),
+    collect=st.booleans(),
+)
+def test_the_native_scan_finds_what_numpy_finds(
+    width: int, n: int, per_million: int, seed: int, keyed: bool, collect: bool
+) -> None:
+    dtype = {1: "F8_E5M2", 2: "BF16", 4: "F32", 8: "F64"}[width]
+    old = generate.previous_words(dtype, n, seed)
+    new = generate.stepped(old, seed + 1, per_million, "mixed")
+    shift, bits = EXPONENT_KEYS[dtype] if keyed else (0, 0)
+    found = [
+        changes.scan_chunk(
+            new,
+            old,
+            5,
+            key_shift=shift,
+            key_bits=bits,
+            collect=collect,
+            count_keys=keyed,
+            native=native,
+        )
+        for native in ([False, True] if context_kernels.NATIVE else [False])
+    ]
+    for other in found[1:]:
+        assert (other.start, other.length, other.count, other.collected) == (
+            found[0].start,
+            found[0].length,
+            found[0].count,
+            found[0].collected,
+        )
+        assert np.array_equal(other.positions, found[0].positions)
+        assert other.positions.dtype == np.uint32 and other.values.dtype == old.dtype
+        assert np.array_equal(other.values, found[0].values)
+        assert (other.key_counts is None) == (found[0].key_counts is None)
+        if other.key_counts is not None and found[0].key_counts is not None:
+            assert np.array_equal(other.key_counts, found[0].key_counts)
+    assert found[0].count == int(np.count_nonzero(new != old))
+
+
+@pytest.mark.skipif(not context_kernels.NATIVE, reason="the native scan is not built")
+def test_the_native_scan_refuses_buffers_that_disagree() -> None:
+    from hotload.snapshot.codec import _context
+
+    words = np.zeros(10, dtype=np.uint16)
+    empty = np.zeros(0, dtype=np.uint8)
+    with pytest.raises(ValueError, match="disagree"):
+        _context.scan_chunk(words, words[:9], 2, 0, 0, empty, empty, empty)
+    with pytest.raises(ValueError, match="key outside"):
+        _context.scan_chunk(words, words, 2, 10, 8, empty, empty, empty)
+    with pytest.raises(ValueError, match="output buffers"):
+        _context.scan_chunk(words, words, 2, 0, 0, np.zeros(9, np.uint32), empty, empty)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.data(),
+    classes=st.integers(1, 8),
+    n=st.integers(0, 80),
+    kind=st.sampled_from(["small", "geometric", "huge", "near powers", "wide"]),
+)
+def test_magnitude_orders_match_one_order_per_class(
+    data: st.DataObject, classes: int, n: int, kind: str
+) -> None:
+    seed = data.draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    magnitudes = {
+        "small": lambda: rng.integers(0, 3, n).astype(np.uint64),
+        "geometric": lambda: rng.geometric(0.3, n).astype(np.uint64),
+        "huge": lambda: rng.integers(0, 1 << 63, n, dtype=np.uint64) * np.uint64(2) + np.uint64(1),
+        "near powers": lambda: (
+            (np.uint64(1) << rng.integers(30, 64, n).astype(np.uint64))
+            - rng.integers(0, 3, n).astype(np.uint64)
+        ),
+        "wide": lambda: rng.integers(1, 40_000, n).astype(np.uint64),
+    }[kind]()
+    change_class = rng.integers(0, classes, n)
+    expected = tuple(
+        encoder_reference.value_order(magnitudes[change_class == c]) for c in range(classes)
+    )
+    for native in (False, True):
+        assert value_orders(magnitudes, change_class, classes, native=native) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    key_bits=st.sampled_from([4, 5, 8, 11]),
+    spread=st.integers(1, 40),
+    classes=st.sampled_from([1, 2, 3, 8]),
+    changes_count=st.integers(0, 3000),
+)
+def test_the_model_fit_matches_the_frozen_fit(
+    seed: int, key_bits: int, spread: int, classes: int, changes_count: int
+) -> None:
+    """Key counts with empty keys and equal costs, where a different rounding would pick
+    another ``lo``."""
+    rng = np.random.default_rng(seed)
+    size = 1 << key_bits
+    centre = int(rng.integers(0, size))
+    keys = np.clip(centre + rng.integers(-spread, spread + 1, 50_000), 0, size - 1)
+    per_key = np.bincount(keys, minlength=size).astype(np.int64)
+    changed_keys = rng.choice(keys, changes_count).astype(np.uint16)
+    magnitudes = rng.geometric(0.7, changes_count).astype(np.uint64)
+    arguments: dict[str, Any] = {"key_shift": 3, "key_bits": key_bits, "classes": classes}
+    expected = encoder_reference.choose_model(
+        per_key, len(keys), changed_keys, magnitudes, **arguments
+    )
+    assert choose_model(per_key, len(keys), changed_keys, magnitudes, **arguments) == expected
