@@ -26,11 +26,6 @@ import numpy as np
 from hotload.snapshot.codec import context_kernels
 from hotload.snapshot.codec.transforms import zigzag_diff
 
-try:
-    from hotload.snapshot.codec import _context
-except ImportError:  # pragma: no cover - depends on how the checkout was installed
-    _context = None  # type: ignore[assignment]
-
 
 @dataclass(frozen=True)
 class ChunkChanges:
@@ -87,7 +82,9 @@ def scan_chunk(
 ) -> ChunkChanges:
     """One chunk's changes (``new`` and ``old``: its words, same dtype and length)."""
     length = len(new)
-    if native and _context is not None:
+    if native and context_kernels.NATIVE:
+        from hotload.snapshot.codec import _context
+
         new = np.ascontiguousarray(new)
         old = np.ascontiguousarray(old)
         positions = np.empty(length if collect else 0, dtype=np.uint32)

@@ -19,15 +19,26 @@ from hotload.snapshot.codec.context_model import ContextModel
 
 log = logging.getLogger(__name__)
 
+#: What this source's module defines: one built from an older _context.c lacks some.
+ENTRY_POINTS: Final = (
+    "decode_chunk",
+    "encode_chunk",
+    "apply_changes",
+    "scan_chunk",
+    "value_orders",
+)
+
 try:
     from hotload.snapshot.codec import _context
 
-    _BUILT = True
+    _BUILT = all(hasattr(_context, name) for name in ENTRY_POINTS)
 except ImportError:  # pragma: no cover - depends on how the checkout was installed
     _BUILT = False
+if not _BUILT:  # pragma: no cover - depends on how the checkout was installed
     log.warning(
-        "the context codec's native kernels are not built: context-coded tensors run at "
-        "Python speed (pip install the package, or python setup.py build_ext --inplace)"
+        "the context codec's native kernels are not built (or were built from an older "
+        "source): context-coded tensors run at Python speed (pip install the package, or "
+        "python setup.py build_ext --inplace)"
     )
 
 NATIVE: Final = _BUILT

@@ -131,7 +131,7 @@ def value_orders(
 
     Natively in one pass where the magnitudes allow integer lengths (all but 8-byte words'
     largest: ``_context.value_orders``); the same orders (the tests compare them)."""
-    if native and _context is not None:
+    if native and hasattr(_context, "value_orders"):  # built, and from this source
         found = _context.value_orders(
             np.ascontiguousarray(magnitudes, dtype=np.uint64).data,
             np.ascontiguousarray(change_class, dtype=np.int64).data,

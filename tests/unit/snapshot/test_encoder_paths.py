@@ -14,6 +14,7 @@ import functools
 import importlib.util
 import itertools
 import json
+import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -285,3 +286,37 @@ def test_the_model_fit_matches_the_frozen_fit(
         per_key, len(keys), changed_keys, magnitudes, **arguments
     )
     assert choose_model(per_key, len(keys), changed_keys, magnitudes, **arguments) == expected
+
+
+STALE = """
+import importlib, sys, types
+import numpy as np
+real = importlib.import_module("hotload.snapshot.codec._context")
+stale = types.ModuleType(real.__name__)
+for name in ("decode_chunk", "encode_chunk", "apply_changes", "SIMD"):  # before the encoder's
+    setattr(stale, name, getattr(real, name))
+sys.modules[real.__name__] = stale
+import hotload.snapshot.codec as package
+package._context = stale
+from hotload.snapshot.codec import context_kernels
+from hotload.snapshot.codec.tensor_codec import encode_tensor
+old = np.arange(5000, dtype=np.uint16)
+new = old.copy()
+new[::97] += 1
+print(context_kernels.NATIVE, encode_tensor(new, old, dtype="BF16").payload.hex())
+"""
+
+
+@pytest.mark.skipif(not context_kernels.NATIVE, reason="the native kernels are not built")
+def test_a_module_built_from_an_older_source_is_left_unused() -> None:
+    """A work tree rebased past a change of _context.c runs at Python speed, same bytes,
+    until it rebuilds: never a call into a module that lacks the entry point."""
+    done = subprocess.run(
+        [sys.executable, "-c", STALE], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    old = np.arange(5000, dtype=np.uint16)
+    new = old.copy()
+    new[::97] += 1
+    assert done.stdout.split() == ["False", encode_tensor(new, old, dtype="BF16").payload.hex()]
+    assert "older source" in done.stderr
