@@ -14,11 +14,14 @@ from typing import Final
 FORMAT_V1: Final = "hotload-delta/v1"
 FORMAT_V2: Final = "hotload-delta/v2"
 FORMAT_V3: Final = "hotload-delta/v3"
-READABLE_FORMATS: Final = (FORMAT_V1, FORMAT_V2, FORMAT_V3)
+FORMAT_V4: Final = "hotload-delta/v4"
+READABLE_FORMATS: Final = (FORMAT_V1, FORMAT_V2, FORMAT_V3, FORMAT_V4)
 """Every format and version a reader implements, oldest first (the ``compressionFormat``
 values the operator accepts)."""
 WRITTEN_FORMAT: Final = FORMAT_V3
-"""The format and version we write."""
+"""The format and version we write for a snapshot without parts."""
+PARTS_FORMAT: Final = FORMAT_V4
+"""The format of a snapshot whose tensors are stored as parts (a sharded trainer's)."""
 
 
 class FileHash(StrEnum):

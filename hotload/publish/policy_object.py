@@ -13,8 +13,10 @@ def policy_snapshot(
     step: int,
     kind: SnapshotKind,
     previous: str | None,
+    compression_format: str = FORMAT,
 ) -> dict[str, object]:
-    """Its ``to_k8s()`` form, validated by the API's model."""
+    """Its ``to_k8s()`` form, validated by the API's model; ``compression_format`` is the
+    format the snapshot was written in (v4 when its tensors are stored as parts)."""
     spec: dict[str, object] = {
         "deploymentRef": {"name": settings.deployment},
         "identity": identity,
@@ -23,7 +25,10 @@ def policy_snapshot(
     }
     if previous is not None:
         # the format the encoder just wrote, not the API's historical default (v1)
-        spec["incremental"] = {"previousIdentity": previous, "compressionFormat": FORMAT}
+        spec["incremental"] = {
+            "previousIdentity": previous,
+            "compressionFormat": compression_format,
+        }
     if settings.kv_cache_policy is not None:
         spec["kvCachePolicy"] = settings.kv_cache_policy.value
     if settings.ignored_config_fields:

@@ -238,7 +238,9 @@ class Publisher:
         self._observer.snapshot_encoded(
             identity, kind, step, encoded.result.stored_bytes, encoded.result.tensor_bytes
         )
-        policy = policy_snapshot(settings, identity, step, kind, decision.previous)
+        policy = policy_snapshot(
+            settings, identity, step, kind, decision.previous, encoded.result.manifest.format
+        )
         regions = await self._delivery.deliver(identity, policy, encoded.directory, timing.started)
         remember(self._state, identity, step, kind, encoded.weights)
         self._chooser.chain_broken = False

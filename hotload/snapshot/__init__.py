@@ -10,6 +10,9 @@ The public surface (pinned by a test; docs/snapshot-format.md describes the byte
   :class:`VerifyResult`, :func:`patch_tensors` (in place, for engines holding weights);
 - the encoder: :func:`encode`, :func:`encode_full` → :class:`EncodeResult`, and
   :func:`encode_state_dict` for a torch state_dict (torch imported lazily);
+- snapshots stored as parts (v4, :data:`FORMAT_PARTS`) by several writers at once:
+  :class:`PartsWriter` (one per writer) → :class:`TensorPart`, :func:`write_parted`
+  (the one place that checks coverage and writes the manifest) over :class:`TensorMeta`;
 - :func:`inspect_snapshot` → :class:`SnapshotReport` (what ``hotload snapshot inspect`` prints).
 
 Names load on first use (PEP 562 ``__getattr__``): ``hotload snapshot decode`` imports
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
     from hotload.snapshot.layout import ADAPTER_CONFIG, REBUILT_NAME
     from hotload.snapshot.manifest import (
         FORMAT,
+        FORMAT_PARTS,
         MANIFEST_NAME,
         ByteRange,
         CodecId,
@@ -36,9 +40,11 @@ if TYPE_CHECKING:
         ShardEntry,
         StoredFile,
         TensorEntry,
+        TensorPart,
         parse_manifest,
         read_manifest,
     )
+    from hotload.snapshot.parted import PartsWriter, TensorMeta, write_parted
     from hotload.snapshot.patching import patch_tensors
     from hotload.snapshot.planner import (
         UpdatePlan,
@@ -65,6 +71,7 @@ _HOMES: Final = {
     "ADAPTER_CONFIG": "hotload.snapshot.layout",
     "REBUILT_NAME": "hotload.snapshot.layout",
     "FORMAT": "hotload.snapshot.manifest",
+    "FORMAT_PARTS": "hotload.snapshot.manifest",
     "MANIFEST_NAME": "hotload.snapshot.manifest",
     "ByteRange": "hotload.snapshot.manifest",
     "CodecId": "hotload.snapshot.manifest",
@@ -74,6 +81,10 @@ _HOMES: Final = {
     "ShardEntry": "hotload.snapshot.manifest",
     "StoredFile": "hotload.snapshot.manifest",
     "TensorEntry": "hotload.snapshot.manifest",
+    "TensorPart": "hotload.snapshot.manifest",
+    "PartsWriter": "hotload.snapshot.parted",
+    "TensorMeta": "hotload.snapshot.parted",
+    "write_parted": "hotload.snapshot.parted",
     "parse_manifest": "hotload.snapshot.manifest",
     "read_manifest": "hotload.snapshot.manifest",
     "patch_tensors": "hotload.snapshot.patching",
@@ -104,6 +115,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "ADAPTER_CONFIG",
     "FORMAT",
+    "FORMAT_PARTS",
     "MANIFEST_NAME",
     "REBUILT_NAME",
     "ByteRange",
@@ -112,12 +124,15 @@ __all__ = [
     "EncodeResult",
     "FileHash",
     "Manifest",
+    "PartsWriter",
     "RebuildResult",
     "ReferencedFile",
     "ShardEntry",
     "SnapshotReport",
     "StoredFile",
     "TensorEntry",
+    "TensorMeta",
+    "TensorPart",
     "TensorReport",
     "TensorSummary",
     "UpdatePlan",
@@ -135,4 +150,5 @@ __all__ = [
     "read_manifest",
     "rebuild",
     "verify",
+    "write_parted",
 ]

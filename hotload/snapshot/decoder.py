@@ -26,7 +26,7 @@ import numpy as np
 
 from hotload.api import SnapshotKind
 from hotload.errors import ChainBroken, DecodeFailed
-from hotload.snapshot.codec.tensor_codec import ChunkJob, needs_previous, plan_decode
+from hotload.snapshot.codec.tensor_codec import ChunkJob, needs_previous
 from hotload.snapshot.delta_files import DeltaFiles
 from hotload.snapshot.digest import file_digest, referenced_digest, tensor_hash, tensor_set_digest
 from hotload.snapshot.dtypes import DTYPES
@@ -39,6 +39,7 @@ from hotload.snapshot.in_place import (
 from hotload.snapshot.layout import CONFIG, REBUILT_NAME, check_config_change, scan
 from hotload.snapshot.limits import DEFAULT_CHUNK_ELEMENTS
 from hotload.snapshot.manifest import (
+    CodecId,
     Manifest,
     ShardEntry,
     TensorEntry,
@@ -46,6 +47,7 @@ from hotload.snapshot.manifest import (
 )
 from hotload.snapshot.mapping import mapped
 from hotload.snapshot.paths import inside
+from hotload.snapshot.pieces import pieces, plan_piece, read_payload, stored_words, uses_previous
 from hotload.snapshot.safetensors_file import SafetensorsHeader, length_prefix, parse_header
 from hotload.snapshot.shard_checks import (
     check_complete_shards,
@@ -54,7 +56,7 @@ from hotload.snapshot.shard_checks import (
     entries_by_shard,
 )
 from hotload.snapshot.staging import copy_file, staged_directory, write_bytes
-from hotload.snapshot.tensor_files import TensorIndex, mapped_shards
+from hotload.snapshot.tensor_files import MappedShard, TensorIndex, mapped_shards
 from hotload.snapshot.verifier import verify_stored_files
 
 log = logging.getLogger(__name__)
@@ -148,6 +150,8 @@ def rebuild(
             _rebuild_incremental(
                 previous, snapshot, staging, manifest, threads, verify_previous, check
             )
+        elif manifest.has_parts:
+            _rebuild_parted(snapshot, staging, manifest, threads, check)
         else:
             _rebuild_complete(snapshot, staging, manifest, check)
         write_bytes(staging / REBUILT_NAME, _record(manifest, digest))
@@ -257,9 +261,32 @@ def _rebuild_incremental(
         copy_file(inside(snapshot, entry.path), target)
         if entry.path == CONFIG and CONFIG in before.others:
             check_config_change(before.path(CONFIG), target, manifest.ignored_config_fields)
-    entries = entries_by_shard(manifest)
-    with mapped_shards(previous, before.shards) as old, ExitStack() as stack:
+    with mapped_shards(previous, before.shards) as old:
         _check_previous(previous, manifest, old, verify_previous)
+        _rebuild_shards(old, snapshot, staging, manifest, threads, check)
+
+
+def _rebuild_parted(
+    snapshot: Path, staging: Path, manifest: Manifest, threads: int, check: Callable[[], None]
+) -> None:
+    """A Full whose tensors are stored as parts (v4): its files as they are, its shards
+    rebuilt from their stored headers and their tensors' parts (nothing previous)."""
+    for entry in manifest.files:
+        check()
+        copy_file(inside(snapshot, entry.path), inside(staging, entry.path))
+    _rebuild_shards(TensorIndex({}, {}), snapshot, staging, manifest, threads, check)
+
+
+def _rebuild_shards(
+    old: TensorIndex,
+    snapshot: Path,
+    staging: Path,
+    manifest: Manifest,
+    threads: int,
+    check: Callable[[], None],
+) -> None:
+    entries = entries_by_shard(manifest)
+    with ExitStack() as stack:
         deltas = DeltaFiles(snapshot, manifest, stack)
         pool = ThreadPoolExecutor(threads) if threads > 1 else None
         try:
@@ -361,9 +388,7 @@ def _fill_tensors(
         for info in header.tensors:
             check()
             tensor = entries[info.name]
-            payload = None if tensor.data is None else deltas.read(tensor.data)
-            size = 0 if payload is None else len(payload)
-            tasks = _tensor_tasks(old, manifest, tensor, output, info.begin, payload)
+            tasks, size = _tensor_tasks(old, manifest, tensor, output, info.begin, deltas)
             pending.append((tensor, info.begin, info.end, size, [_submit(pool, t) for t in tasks]))
             pending_bytes += size
             while len(pending) > 1 and pending_bytes > PENDING_PAYLOAD_BYTES:
@@ -400,15 +425,15 @@ def _tensor_tasks(
     tensor: TensorEntry,
     output: mmap.mmap,
     begin: int,
-    payload: memoryview | None,
-) -> list[Task]:
+    deltas: DeltaFiles,
+) -> tuple[list[Task], int]:
+    """The tasks that rebuild one tensor at ``begin`` of ``output`` (each writes its own
+    range), and the bytes of payload they hold."""
     dtype = DTYPES[tensor.dtype]
-    numel = tensor.numel
-    if numel == 0:
-        return []
-    previous: tuple[int, int] | None = None
-    source = None
-    if needs_previous(tensor.codec):
+    if tensor.numel == 0:
+        return [], 0
+    source: tuple[MappedShard, int] | None = None
+    if uses_previous(tensor):
         found = old.by_name.get(tensor.name)
         if found is None:
             raise ChainBroken(
@@ -424,47 +449,60 @@ def _tensor_tasks(
                 expected=f"{tensor.dtype}{tensor.shape}",
                 found=f"{info.dtype.name}{list(info.shape)}",
             )
-        source = shard
-        previous = (info.begin, info.end)
-    if payload is None:
-        jobs: list[ChunkJob | None] = [None] * (
-            (numel + DEFAULT_CHUNK_ELEMENTS - 1) // DEFAULT_CHUNK_ELEMENTS
-        )
-        spans = [
-            (s, min(DEFAULT_CHUNK_ELEMENTS, numel - s))
-            for s in range(0, numel, DEFAULT_CHUNK_ELEMENTS)
-        ]
-    else:
-        planned = plan_decode(
-            tensor.codec,
-            payload,
-            numel,
-            dtype.width,
-            tensor=tensor.name,
-            changed=tensor.changed,
-        )
-        jobs = list(planned)
-        spans = [(job.start, job.length) for job in planned]
+        source = (shard, info.begin)
     word = dtype.word
     tasks: list[Task] = []
-    for job, (start, length) in zip(jobs, spans, strict=True):
+    held = 0
 
-        def task(job: ChunkJob | None = job, start: int = start, length: int = length) -> None:
-            out = np.frombuffer(
-                output, dtype=word, count=length, offset=begin + start * dtype.width
-            )
-            if source is not None and previous is not None:
-                np.copyto(
-                    out,
-                    np.frombuffer(
-                        source.buffer,
-                        dtype=word,
-                        count=length,
-                        offset=previous[0] + start * dtype.width,
-                    ),
-                )
-            if job is not None:
-                job.run(out)
+    def words_at(start: int, length: int) -> np.ndarray:
+        return np.frombuffer(output, dtype=word, count=length, offset=begin + start * dtype.width)
 
-        tasks.append(task)
-    return tasks
+    for piece in pieces(tensor):
+        payload = read_payload(deltas, piece)
+        held += 0 if payload is None else len(payload)
+        if piece.codec is CodecId.STORED and payload is not None:
+            words = stored_words(tensor, piece, payload)
+
+            def copy(words: np.ndarray = words, start: int = piece.start) -> None:
+                np.copyto(words_at(start, len(words)), words)
+
+            tasks.append(copy)
+            continue
+        jobs: list[ChunkJob | None]
+        if payload is None:
+            spans = [
+                (s, min(DEFAULT_CHUNK_ELEMENTS, piece.length - s))
+                for s in range(0, piece.length, DEFAULT_CHUNK_ELEMENTS)
+            ]
+            jobs = [None] * len(spans)
+        else:
+            planned = plan_piece(tensor, piece, payload)
+            jobs = list(planned)
+            spans = [(job.start, job.length) for job in planned]
+        keep = needs_previous(piece.codec)
+        for job, (start, length) in zip(jobs, spans, strict=True):
+            start += piece.start
+
+            def task(
+                job: ChunkJob | None = job,
+                start: int = start,
+                length: int = length,
+                keep: bool = keep,
+            ) -> None:
+                out = words_at(start, length)
+                if source is not None and keep:
+                    shard, previous = source
+                    np.copyto(
+                        out,
+                        np.frombuffer(
+                            shard.buffer,
+                            dtype=word,
+                            count=length,
+                            offset=previous + start * dtype.width,
+                        ),
+                    )
+                if job is not None:
+                    job.run(out)
+
+            tasks.append(task)
+    return tasks, held

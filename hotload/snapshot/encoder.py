@@ -174,7 +174,7 @@ def _write_complete(
         with mapped_shards(staging, model.shards) as index:
             for relpath, shard in index.shards.items():
                 shards.append(
-                    _shard_entry(relpath, shard.header.header_bytes, shard.header.file_size, None)
+                    shard_entry(relpath, shard.header.header_bytes, shard.header.file_size, None)
                 )
                 for info in shard.header.tensors:
                     tensors.append(
@@ -210,7 +210,7 @@ def _write_complete(
     )
 
 
-def _shard_entry(
+def shard_entry(
     relpath: str, header_bytes: bytes, size: int, stored: ByteRange | None
 ) -> ShardEntry:
     return ShardEntry(
@@ -222,7 +222,7 @@ def _shard_entry(
     )
 
 
-class _DeltaWriter:
+class DeltaWriter:
     """Appends payloads to one delta file and remembers where each one went."""
 
     def __init__(self, path: Path, relpath: str) -> None:
@@ -231,7 +231,7 @@ class _DeltaWriter:
         self.handle = path.open("wb")
         self.offset = 0
 
-    def append(self, payload: bytes) -> ByteRange:
+    def append(self, payload: bytes | memoryview) -> ByteRange:
         self.handle.write(payload)
         byte_range = ByteRange(file=self.relpath, offset=self.offset, length=len(payload))
         self.offset += len(payload)
@@ -267,19 +267,7 @@ def write_incremental(
     ``before`` and ``model`` (their ``others``). ``store_headers`` stores every shard
     header (when the previous directory's header bytes are not known)."""
     with staged_directory(out) as staging:
-        files: list[StoredFile] = []
-        referenced: list[StoredFile] = []
-        for relpath in model.others:
-            source = model.path(relpath)
-            entry = _stored(source, relpath)
-            if relpath in before.others:
-                if _stored(before.path(relpath), relpath) == entry:
-                    referenced.append(entry)
-                    continue
-                if relpath == CONFIG:
-                    check_config_change(before.path(relpath), source, ignored)
-            copy_file(source, staging / relpath)
-            files.append(entry)
+        files, referenced = copy_changed_others(before, model, staging, ignored)
         previous_digest = previous_digest or old.digest()
         deltas, shards, tensors, reports = _encode_shards(
             old, new, staging, options, pool, store_headers
@@ -294,11 +282,7 @@ def write_incremental(
             files=files,
             deltas=deltas,
             referenced=[ReferencedFile(path=e.path, size=e.size) for e in referenced],
-            referenced_digest=(
-                referenced_digest((e.path, e.size, e.hash) for e in referenced)
-                if referenced
-                else None
-            ),
+            referenced_digest=references_digest(referenced),
             removed=sorted(set(old.by_name) - {t.name for t in tensors}),
             shards=shards,
             tensors=tensors,
@@ -311,6 +295,36 @@ def write_incremental(
         extra={"snapshot": identity, "previous": previous_identity, "stored_bytes": stored},
     )
     return EncodeResult(manifest, out, manifest.tensor_bytes(), stored, tuple(reports))
+
+
+def copy_changed_others(
+    before: ModelDir | None, model: ModelDir, staging: Path, ignored: list[str]
+) -> tuple[list[StoredFile], list[StoredFile]]:
+    """The non-tensor files of ``model`` (config, tokenizer): those that changed since
+    ``before`` (all of them without one) are copied into ``staging`` (first list); the
+    others are referenced (second). A changed ``config.json`` must differ only in the
+    ``ignored`` fields (``ManifestInvalid`` otherwise)."""
+    files: list[StoredFile] = []
+    referenced: list[StoredFile] = []
+    for relpath in model.others:
+        source = model.path(relpath)
+        entry = _stored(source, relpath)
+        if before is not None and relpath in before.others:
+            if _stored(before.path(relpath), relpath) == entry:
+                referenced.append(entry)
+                continue
+            if relpath == CONFIG:
+                check_config_change(before.path(relpath), source, ignored)
+        copy_file(source, staging / relpath)
+        files.append(entry)
+    return files, referenced
+
+
+def references_digest(referenced: list[StoredFile]) -> str | None:
+    """v3's ``referencedDigest`` of the referenced files (None when there are none)."""
+    if not referenced:
+        return None
+    return referenced_digest((e.path, e.size, e.hash) for e in referenced)
 
 
 def _encode_shards(
@@ -326,7 +340,7 @@ def _encode_shards(
     tensors: list[TensorEntry] = []
     reports: list[TensorReport] = []
     for number, (relpath, shard) in enumerate(new.shards.items(), start=1):
-        writer = _DeltaWriter(staging / delta_file_name(number), delta_file_name(number))
+        writer = DeltaWriter(staging / delta_file_name(number), delta_file_name(number))
         try:
             header = shard.header
             previous_shard = old.shards.get(relpath)
@@ -338,7 +352,7 @@ def _encode_shards(
             ):
                 stored_header = writer.append(compress_bytes(header.header_bytes, HEADER_LEVEL))
             shards.append(
-                _shard_entry(relpath, header.header_bytes, header.file_size, stored_header)
+                shard_entry(relpath, header.header_bytes, header.file_size, stored_header)
             )
             for info in header.tensors:
                 words = shard.words(info)

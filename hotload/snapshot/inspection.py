@@ -11,6 +11,7 @@ from hotload.snapshot.codec.tensor_codec import payload_changes
 from hotload.snapshot.dtypes import DTYPES
 from hotload.snapshot.manifest import MANIFEST_NAME, CodecId, Manifest, TensorEntry, read_manifest
 from hotload.snapshot.paths import inside
+from hotload.snapshot.pieces import Piece, pieces
 
 _COUNTED = frozenset((CodecId.SPARSE, CodecId.CONTEXT))
 
@@ -88,7 +89,7 @@ def inspect_snapshot(snapshot: Path) -> SnapshotReport:
             changed=_changed(snapshot, t),
             stored_bytes=t.nbytes
             if t.codec is CodecId.STORED
-            else (t.data.length if t.data else 0),
+            else sum(data.length for data in t.payload_ranges()),
             tensor_bytes=t.nbytes,
         )
         for t in manifest.tensors
@@ -97,16 +98,29 @@ def inspect_snapshot(snapshot: Path) -> SnapshotReport:
 
 
 def _changed(snapshot: Path, tensor: TensorEntry) -> int | None:
-    """The manifest's count, or the payload's own when the manifest leaves it out."""
-    if tensor.changed is not None or tensor.codec not in _COUNTED or tensor.data is None:
-        return tensor.changed
-    path = inside(snapshot, tensor.data.file)
+    """The manifest's count, or the payload's own when the manifest leaves it out (for a
+    tensor stored as parts, the sum over its parts: None if one of them is unknown)."""
+    total = 0
+    for piece in pieces(tensor):
+        changed = _piece_changed(snapshot, tensor, piece)
+        if changed is None:
+            return None
+        total += changed
+    return total
+
+
+def _piece_changed(snapshot: Path, tensor: TensorEntry, piece: Piece) -> int | None:
+    if piece.codec is CodecId.UNCHANGED and tensor.parts is not None:
+        return 0
+    if piece.changed is not None or piece.codec not in _COUNTED or piece.data is None:
+        return piece.changed
+    path = inside(snapshot, piece.data.file)
     if not path.is_file():
         return None  # only the manifest is here: the count is unknown
     with path.open("rb") as handle:
-        handle.seek(tensor.data.offset)
-        payload = handle.read(tensor.data.length)
+        handle.seek(piece.data.offset)
+        payload = handle.read(piece.data.length)
     width = DTYPES[tensor.dtype].width
     return payload_changes(
-        tensor.codec, memoryview(payload), tensor.numel, width, tensor=tensor.name
+        piece.codec, memoryview(payload), piece.length, width, tensor=tensor.name
     )

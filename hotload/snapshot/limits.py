@@ -17,6 +17,9 @@ MAX_HEADER_BYTES: Final = 100 * 1024 * 1024
 MAX_TENSORS: Final = 1_000_000
 """Tensors in one snapshot."""
 
+MAX_PARTS: Final = 1_000_000
+"""Parts of tensors in one snapshot (and of one tensor)."""
+
 MAX_FILES: Final = 100_000
 """Files (stored plus referenced) in one snapshot."""
 

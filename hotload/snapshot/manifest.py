@@ -20,7 +20,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from hotload.api import SnapshotKind
-from hotload.api.formats import FORMAT_V1, FORMAT_V2, FORMAT_V3, READABLE_FORMATS
+from hotload.api.formats import FORMAT_V1, FORMAT_V2, FORMAT_V3, FORMAT_V4, READABLE_FORMATS
 from hotload.api.formats import FileHash as FileHash
 from hotload.api.identity import ValidIdentity
 from hotload.api.kinds import Identity
@@ -31,6 +31,7 @@ from hotload.snapshot.limits import (
     MAX_FILES,
     MAX_MANIFEST_BYTES,
     MAX_NAME_BYTES,
+    MAX_PARTS,
     MAX_TENSOR_BYTES,
     MAX_TENSORS,
 )
@@ -41,7 +42,12 @@ MANIFEST_NAME: Final = "hotload-manifest.json"
 """Written last into every snapshot prefix: no manifest, no snapshot."""
 
 FORMAT: Final = FORMAT_V3
-"""The format and version we write; also the CRD's ``incremental.compressionFormat``."""
+"""The format and version we write for a snapshot without parts; also the CRD's
+``incremental.compressionFormat`` of such a snapshot."""
+
+FORMAT_PARTS: Final = FORMAT_V4
+"""The format of a snapshot whose tensors are stored as parts (a sharded trainer's): the
+first that has them, so a reader of v3 refuses such a snapshot instead of misreading it."""
 
 FORMATS: Final = READABLE_FORMATS
 """Every format and version a reader accepts (``hotload.api.formats``, which the operator
@@ -68,6 +74,17 @@ class CodecId(StrEnum):
     """Changed positions (gaps) and zigzag differences, byte planes, zstd per chunk."""
     CONTEXT = "context"
     """v2: changes Golomb-coded per class of the previous value's exponent."""
+    PARTS = "parts"
+    """v4: the tensor is stored as parts (contiguous ranges of its flattened elements),
+    each with its own codec and payload, possibly in different delta files."""
+
+
+PAYLOAD_CODECS: Final = frozenset(
+    (CodecId.RAW, CodecId.DENSE_XOR, CodecId.DENSE_SUB, CodecId.SPARSE, CodecId.CONTEXT)
+)
+"""Codecs whose tensor (or part) has an encoded payload."""
+COMPLETE_PART_CODECS: Final = frozenset((CodecId.STORED, CodecId.RAW))
+"""What a part of a Full may use: it has no previous tensor."""
 
 
 _HEX = {
@@ -144,6 +161,31 @@ class ShardEntry(_Model):
     (the file itself is stored)."""
 
 
+class TensorPart(_Model):
+    """v4: elements ``[start, start + length)`` of a tensor's flattened (row-major) words,
+    stored on their own. A part of a Full or of a tensor new in a delta is ``stored`` (its
+    bytes as they are, at ``data``) or ``raw``; a part of a delta may use any codec (but
+    ``parts``) against the same range of the previous tensor."""
+
+    start: Annotated[int, Field(ge=0)]
+    length: Annotated[int, Field(ge=1)]
+    codec: CodecId
+    data: ByteRange | None = None
+    """Where its payload is stored (or, for ``stored``, its bytes); absent for ``unchanged``."""
+    changed: Annotated[int, Field(ge=0)] | None = None
+    """Elements of the part whose bits differ from the previous tensor (delta codecs)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.codec is CodecId.PARTS:
+            raise ValueError("a part cannot itself be made of parts")
+        if (self.codec is not CodecId.UNCHANGED) != (self.data is not None):
+            raise ValueError(f"part at {self.start}: codec {self.codec} and data disagree")
+        if self.changed is not None and self.changed > self.length:
+            raise ValueError(f"part at {self.start} declares more changes than elements")
+        return self
+
+
 class TensorEntry(_Model):
     """One tensor of the rebuilt snapshot."""
 
@@ -159,6 +201,8 @@ class TensorEntry(_Model):
     """Where its encoded payload is stored (absent for ``stored`` and ``unchanged``)."""
     changed: Annotated[int, Field(ge=0)] | None = None
     """Elements whose bits differ from the previous tensor (delta codecs)."""
+    parts: Annotated[list[TensorPart], Field(max_length=MAX_PARTS)] | None = None
+    """v4, exactly for codec ``parts``: its parts in order, tiling ``[0, numel)``."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -171,10 +215,41 @@ class TensorEntry(_Model):
             raise ValueError(f"tensor {self.name!r} is over the size limit")
         if self.changed is not None and self.changed > numel:
             raise ValueError(f"tensor {self.name!r} declares more changes than elements")
-        wants_data = self.codec not in (CodecId.STORED, CodecId.UNCHANGED)
+        wants_data = self.codec in PAYLOAD_CODECS
         if wants_data != (self.data is not None):
             raise ValueError(f"tensor {self.name!r}: codec {self.codec} and data disagree")
+        if (self.codec is CodecId.PARTS) != (self.parts is not None):
+            raise ValueError(f"tensor {self.name!r}: parts are listed exactly for codec parts")
+        if self.parts is not None:
+            if self.changed is not None:
+                raise ValueError(f"tensor {self.name!r}: its parts count their own changes")
+            self._check_parts(self.parts, numel)
         return self
+
+    def _check_parts(self, parts: list[TensorPart], numel: int) -> None:
+        """The parts tile the flattened tensor exactly: in order, none overlapping another,
+        none missing, none past its end; a ``stored`` part's bytes are exactly its size."""
+        width = DTYPES[self.dtype].width
+        end = 0
+        for part in parts:
+            if part.start < end:
+                raise ValueError(f"tensor {self.name!r}: part at {part.start} overlaps another")
+            if part.start > end:
+                raise ValueError(f"tensor {self.name!r}: elements {end}..{part.start} missing")
+            end = part.start + part.length
+            if end > numel:
+                raise ValueError(f"tensor {self.name!r}: part at {part.start} ends past it")
+            stored = part.codec is CodecId.STORED and part.data is not None
+            if stored and part.data is not None and part.data.length != part.length * width:
+                raise ValueError(f"tensor {self.name!r}: stored part at {part.start} size")
+        if end != numel:
+            raise ValueError(f"tensor {self.name!r}: elements {end}..{numel} missing")
+
+    def payload_ranges(self) -> list[ByteRange]:
+        """Every byte range the tensor's rebuild reads (its own, or its parts')."""
+        if self.parts is not None:
+            return [part.data for part in self.parts if part.data is not None]
+        return [self.data] if self.data is not None else []
 
     @property
     def numel(self) -> int:
@@ -192,7 +267,8 @@ class Manifest(_Model):
     """Everything a reader needs to fetch, verify and rebuild one snapshot."""
 
     format: str = FORMAT
-    """``hotload-delta/v3`` (written), ``/v2`` or ``/v1`` (read); others are refused."""
+    """``hotload-delta/v3`` (written), ``/v4`` (written when tensors have parts), ``/v2``
+    or ``/v1`` (read); others are refused."""
     identity: ValidIdentity
     step: Annotated[int, Field(ge=0)]
     kind: SnapshotKind
@@ -231,7 +307,8 @@ class Manifest(_Model):
             raise ValueError("previous is required for (and only for) Incremental snapshots")
         if incremental != (self.previous_digest is not None):
             raise ValueError("previousDigest is required for (and only for) Incremental")
-        if not incremental and (self.deltas or self.referenced or self.removed):
+        parted = self._check_parts_allowed(incremental)
+        if not incremental and (self.referenced or self.removed or (self.deltas and not parted)):
             raise ValueError(f"a {self.kind.value} snapshot is complete: no deltas, no references")
         if len(self.files) + len(self.deltas) + len(self.referenced) > MAX_FILES:
             raise ValueError("too many files")
@@ -239,7 +316,7 @@ class Manifest(_Model):
         outputs = [f.path for f in self.files]
         outputs += [f.path for f in self.referenced]
         shard_paths = [s.path for s in self.shards]
-        if incremental:
+        if incremental or parted:
             outputs += shard_paths
         elif set(shard_paths) != {f.path for f in self.files if f.path.endswith(".safetensors")}:
             raise ValueError("a complete snapshot lists exactly its stored safetensors as shards")
@@ -258,23 +335,51 @@ class Manifest(_Model):
             seen.add(tensor.name)
             if tensor.file not in shards:
                 raise ValueError(f"tensor {tensor.name!r} names a shard not in shards")
-            if (tensor.codec is CodecId.STORED) == incremental:
+            if (tensor.codec is CodecId.STORED) == (incremental or parted):
                 raise ValueError(f"tensor {tensor.name!r}: codec {tensor.codec} in a {self.kind}")
             if tensor.codec is CodecId.CONTEXT and self.format == FORMAT_V1:
                 raise ValueError(f"tensor {tensor.name!r}: codec context needs {FORMAT_V2}")
-            if tensor.data is not None:
-                _check_range(tensor.data, delta_sizes, tensor.name)
+            if parted and tensor.codec is not CodecId.PARTS:
+                raise ValueError(f"tensor {tensor.name!r}: every tensor of a parted Full has parts")
+            if not incremental and any(
+                part.codec not in COMPLETE_PART_CODECS for part in tensor.parts or ()
+            ):
+                raise ValueError(f"tensor {tensor.name!r}: a Full's parts are stored or raw")
+            for byte_range in tensor.payload_ranges():
+                _check_range(byte_range, delta_sizes, tensor.name)
         if seen & set(self.removed) or len(set(self.removed)) != len(self.removed):
             raise ValueError("a removed tensor is listed twice or is also a tensor")
         for shard in self.shards:
+            if parted and shard.header is None:
+                raise ValueError(f"a parted Full stores the header of {shard.path!r}")
             if shard.header is not None:
-                if not incremental:
+                if not (incremental or parted):
                     raise ValueError("a Full snapshot's shard headers are in the shards")
                 _check_range(shard.header, delta_sizes, shard.path)
         return self
 
+    def _check_parts_allowed(self, incremental: bool) -> bool:
+        """Whether this is a *parted Full* (its tensors stored as parts, its shards rebuilt
+        from stored headers, as a delta's are); parts need v4, never in a LoRA, and at
+        most ``MAX_PARTS`` in all."""
+        counts = [len(t.parts) for t in self.tensors if t.parts is not None]
+        if not counts:
+            return False
+        if self.format != FORMAT_V4:
+            raise ValueError(f"tensors stored as parts need {FORMAT_V4}")
+        if self.kind is SnapshotKind.LORA:
+            raise ValueError("a LoRA adapter is never stored as parts")
+        if sum(counts) > MAX_PARTS:
+            raise ValueError("too many parts")
+        return not incremental
+
+    @property
+    def has_parts(self) -> bool:
+        """Some tensor is stored as parts (v4)."""
+        return any(tensor.parts is not None for tensor in self.tensors)
+
     def _check_file_hashes(self) -> None:
-        v3 = self.format == FORMAT_V3
+        v3 = self.format in (FORMAT_V3, FORMAT_V4)  # v4 keeps every rule of v3
         if v3 and self.file_hash is not FileHash.SHA256:
             raise ValueError(f"{FORMAT_V3} stores sha256 file hashes only")
         if any((entry.hash is None) != v3 for entry in self.referenced):

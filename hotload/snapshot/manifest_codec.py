@@ -27,7 +27,7 @@ import zstandard
 from hotload.api.formats import FORMAT_V1, FORMAT_V2, READABLE_FORMATS
 from hotload.errors import ManifestInvalid, SizeLimitExceeded
 from hotload.snapshot.limits import MAX_MANIFEST_BYTES
-from hotload.snapshot.manifest_table import MAGIC, dump_table, load_table
+from hotload.snapshot.manifest_table import MAGICS, dump_table, load_table
 
 ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
 _COLUMNS: Final = ("name", "dtype", "shape", "file", "codec", "hash", "data", "changed")
@@ -54,7 +54,7 @@ def load_document(data: bytes) -> dict[str, Any]:
     if len(data) > MAX_MANIFEST_BYTES:
         raise SizeLimitExceeded("manifest over its size limit", size=len(data))
     text = _decompress(data) if data[:4] == ZSTD_MAGIC else data
-    if data[:4] == ZSTD_MAGIC and text[: len(MAGIC)] == MAGIC:
+    if data[:4] == ZSTD_MAGIC and text[:4] in MAGICS:
         return load_table(text)
     try:
         document = json.loads(text.decode("utf-8"))

@@ -8,6 +8,9 @@ stored column by column (like values next to each other, so zstd finds them), an
 referenced files are committed to by one sha256 (``referencedDigest``) instead of one
 each (docs/snapshot-format.md, "Binary table (v3)").
 
+v4 is the same table with magic ``HLD\x04``, one more codec (``parts``) and, after the
+hashes, the parts of the tensors stored as parts (docs/snapshot-format.md, "Parts (v4)").
+
 This module converts a manifest *document* (the camelCase dict the pydantic model
 dumps) to the table's bytes and back; it checks only what it must to read the bytes
 safely (every read bounded, every index in range, nothing left over), and leaves every
@@ -19,18 +22,31 @@ from __future__ import annotations
 
 from typing import Any, Final, NoReturn
 
-from hotload.api.formats import FORMAT_V3
+from hotload.api.formats import FORMAT_V3, FORMAT_V4
 from hotload.errors import ManifestInvalid
 from hotload.snapshot.dtypes import DTYPES
-from hotload.snapshot.limits import MAX_DIMS, MAX_FILES, MAX_TENSORS
+from hotload.snapshot.limits import MAX_DIMS, MAX_FILES, MAX_PARTS, MAX_TENSORS
 
 MAGIC: Final = b"HLD\x03"
 """First bytes of a v3 table (inside its zstd frame)."""
+MAGIC_V4: Final = b"HLD\x04"
+"""First bytes of a v4 table: a v3 reader takes it for JSON text and refuses it."""
+MAGICS: Final = {MAGIC: FORMAT_V3, MAGIC_V4: FORMAT_V4}
 
 KINDS: Final = ("Full", "Incremental", "LoRA")
-CODECS: Final = ("stored", "unchanged", "raw", "dense-xor", "dense-sub", "sparse", "context")
-"""Codec ids by their number in the table."""
-_NO_DATA: Final = frozenset(("stored", "unchanged"))
+CODECS: Final = (
+    "stored",
+    "unchanged",
+    "raw",
+    "dense-xor",
+    "dense-sub",
+    "sparse",
+    "context",
+    "parts",
+)
+"""Codec ids by their number in the table (``parts``, 7, only in v4)."""
+_NO_DATA: Final = frozenset(("stored", "unchanged", "parts"))
+_PARTS: Final = "parts"
 DTYPE_NAMES: Final = tuple(DTYPES)
 """Dtypes by their number in the table (docs/snapshot-format.md, "Dtypes", in order)."""
 _SHA256: Final = 32
@@ -41,8 +57,10 @@ _MAX_STRING: Final = 1 << 20
 
 
 def dump_table(document: dict[str, Any]) -> bytes:
-    """The v3 table of a validated manifest document (sha256 files, xxh3-128 tensors)."""
-    out = bytearray(MAGIC)
+    """The v3 (or, for format v4, v4) table of a validated manifest document (sha256
+    files, xxh3-128 tensors)."""
+    v4 = document.get("format") == FORMAT_V4
+    out = bytearray(MAGIC_V4 if v4 else MAGIC)
     writer = _Writer(out)
     writer.string(document["identity"])
     writer.varint(document["step"])
@@ -79,13 +97,16 @@ def dump_table(document: dict[str, Any]) -> bytes:
             writer.varint(header["offset"])
             writer.varint(header["length"])
     writer.strings(document.get("removed", []))
-    _dump_tensors(writer, document.get("tensors", []), shards, deltas)
+    ends = _dump_tensors(writer, document.get("tensors", []), shards, deltas)
+    if v4:
+        _dump_parts(writer, document.get("tensors", []), deltas, ends)
     return bytes(out)
 
 
 def _dump_tensors(
     writer: _Writer, tensors: list[dict[str, Any]], shards: list[Any], deltas: dict[str, int]
-) -> None:
+) -> dict[str, int]:
+    """The tensor columns; returns where the last range in each delta file ended."""
     shard_index = {shard["path"]: index for index, shard in enumerate(shards)}
     writer.varint(len(tensors))
     previous = b""
@@ -112,13 +133,47 @@ def _dump_tensors(
     for data in ranges:
         writer.varint(data["offset"] - ends.get(data["file"], 0))
         ends[data["file"]] = data["offset"] + data["length"]
-    for data in ranges:
-        writer.varint(data["length"])
-    for tensor in tensors:
-        changed = tensor.get("changed")
-        writer.varint(0 if changed is None else changed + 1)
+    _dump_lengths(writer, ranges)
+    _dump_changed(writer, tensors)
     for tensor in tensors:
         writer.hex(tensor["hash"], _XXH3)
+    return ends
+
+
+def _dump_lengths(writer: _Writer, ranges: list[dict[str, Any]]) -> None:
+    for data in ranges:
+        writer.varint(data["length"])
+
+
+def _dump_changed(writer: _Writer, items: list[dict[str, Any]]) -> None:
+    for item in items:
+        changed = item.get("changed")
+        writer.varint(0 if changed is None else changed + 1)
+
+
+def _dump_parts(
+    writer: _Writer, tensors: list[dict[str, Any]], deltas: dict[str, int], ends: dict[str, int]
+) -> None:
+    """v4: per tensor stored as parts, its part count; then over all those parts, column
+    by column: length, codec, changed, and the data columns (delta file, skip since the
+    end of the previous range in that file, tensors' ranges included, length). A part's
+    start is the sum of the lengths before it: a table cannot express a gap or overlap."""
+    parts = [part for tensor in tensors if tensor["codec"] == _PARTS for part in tensor["parts"]]
+    for tensor in tensors:
+        if tensor["codec"] == _PARTS:
+            writer.varint(len(tensor["parts"]))
+    for part in parts:
+        writer.varint(part["length"])
+    for part in parts:
+        writer.byte(CODECS.index(part["codec"]))
+    _dump_changed(writer, parts)
+    ranges = [part["data"] for part in parts if part.get("data") is not None]
+    for data in ranges:
+        writer.varint(deltas[data["file"]])
+    for data in ranges:
+        writer.varint(data["offset"] - ends.get(data["file"], 0))
+        ends[data["file"]] = data["offset"] + data["length"]
+    _dump_lengths(writer, ranges)
 
 
 def _shared_prefix(a: bytes, b: bytes) -> int:
@@ -130,12 +185,14 @@ def _shared_prefix(a: bytes, b: bytes) -> int:
 
 
 def load_table(data: bytes) -> dict[str, Any]:
-    """The manifest document in the v3 table ``data`` (magic included), not yet validated."""
+    """The manifest document in the v3 or v4 table ``data`` (magic included), not yet
+    validated."""
     reader = _Reader(data)
-    if reader.take(len(MAGIC), "magic") != MAGIC:
-        raise ManifestInvalid("not a v3 manifest table", found=data[:4].hex())
+    version = MAGICS.get(reader.take(len(MAGIC), "magic"))
+    if version is None:
+        raise ManifestInvalid("not a v3 or v4 manifest table", found=data[:4].hex())
     document: dict[str, Any] = {
-        "format": FORMAT_V3,
+        "format": version,
         "identity": reader.string("identity"),
         "step": reader.varint("step"),
         "kind": reader.choice(KINDS, "kind"),
@@ -170,9 +227,11 @@ def load_table(data: bytes) -> dict[str, Any]:
         for index in range(reader.count("shards", MAX_FILES))
     ]
     document["removed"] = reader.strings("removed", MAX_TENSORS)
-    document["tensors"] = _load_tensors(reader, document)
+    document["tensors"], ends = _load_tensors(reader, document, version == FORMAT_V4)
+    if version == FORMAT_V4:
+        _load_parts(reader, document, ends)
     if reader.remaining():
-        raise ManifestInvalid("bytes follow the v3 manifest table", extra=reader.remaining())
+        raise ManifestInvalid("bytes follow the manifest table", extra=reader.remaining())
     return document
 
 
@@ -194,7 +253,9 @@ def _load_shard(reader: _Reader, index: int, delta_paths: list[str]) -> dict[str
     return shard
 
 
-def _load_tensors(reader: _Reader, document: dict[str, Any]) -> list[dict[str, Any]]:
+def _load_tensors(
+    reader: _Reader, document: dict[str, Any], v4: bool
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
     count = reader.count("tensors", MAX_TENSORS)
     names: list[str] = []
     previous = b""
@@ -214,8 +275,16 @@ def _load_tensors(reader: _Reader, document: dict[str, Any]) -> list[dict[str, A
         reader.index(shard_paths, reader.varint("tensors.file", row), "tensors.file", row)
         for row in range(count)
     ]
-    codecs = [reader.choice(CODECS, "tensors.codec", row) for row in range(count)]
-    ranges = _load_ranges(reader, codecs, [entry["path"] for entry in document["deltas"]])
+    allowed = CODECS if v4 else CODECS[:-1]
+    codecs = [reader.choice(allowed, "tensors.codec", row) for row in range(count)]
+    ends: dict[str, int] = {}
+    ranges = _load_ranges(
+        reader,
+        [codec not in _NO_DATA for codec in codecs],
+        [entry["path"] for entry in document["deltas"]],
+        ends,
+        "tensors",
+    )
     changed = [reader.varint("tensors.changed", row) for row in range(count)]
     hashes = reader.take(_XXH3 * count, "tensors.hash").hex()
     tensors: list[dict[str, Any]] = []
@@ -233,25 +302,58 @@ def _load_tensors(reader: _Reader, document: dict[str, Any]) -> list[dict[str, A
         if changed[row]:
             tensor["changed"] = changed[row] - 1
         tensors.append(tensor)
-    return tensors
+    return tensors, ends
+
+
+def _load_parts(reader: _Reader, document: dict[str, Any], ends: dict[str, int]) -> None:
+    """v4: the parts of every tensor with codec ``parts`` (see :func:`_dump_parts`)."""
+    parted = [tensor for tensor in document["tensors"] if tensor["codec"] == _PARTS]
+    counts = [reader.count("tensors.parts", MAX_PARTS) for _ in parted]
+    total = sum(counts)
+    if total > MAX_PARTS or total > reader.remaining():
+        raise ManifestInvalid("v4 manifest lists more parts than allowed", parts=total)
+    lengths = [reader.varint("parts.length", row) for row in range(total)]
+    codecs = [reader.choice(CODECS[:-1], "parts.codec", row) for row in range(total)]
+    changed = [reader.varint("parts.changed", row) for row in range(total)]
+    delta_paths = [entry["path"] for entry in document["deltas"]]
+    ranges = _load_ranges(
+        reader, [codec != "unchanged" for codec in codecs], delta_paths, ends, "parts"
+    )
+    row = 0
+    for tensor, count in zip(parted, counts, strict=True):
+        start = 0
+        tensor["parts"] = []
+        for _ in range(count):
+            part: dict[str, Any] = {"start": start, "length": lengths[row], "codec": codecs[row]}
+            if ranges[row] is not None:
+                part["data"] = ranges[row]
+            if changed[row]:
+                part["changed"] = changed[row] - 1
+            tensor["parts"].append(part)
+            start += lengths[row]
+            row += 1
 
 
 def _load_ranges(
-    reader: _Reader, codecs: list[str], delta_paths: list[str]
+    reader: _Reader,
+    has_data: list[bool],
+    delta_paths: list[str],
+    ends: dict[str, int],
+    column: str,
 ) -> list[dict[str, Any] | None]:
-    """The data columns (delta file, skip, length of every tensor that has a payload) as
-    each tensor's byte range, None for the others."""
-    rows = [row for row, codec in enumerate(codecs) if codec not in _NO_DATA]
+    """The data columns (delta file, skip, length of every row that has a payload) as
+    each row's byte range, None for the others; ``ends`` (where the last range in each
+    delta file ended) is carried from the tensors' columns to the parts'."""
+    rows = [row for row, data in enumerate(has_data) if data]
     files = [
-        reader.index(delta_paths, reader.varint("tensors.data", row), "tensors.data", row)
+        reader.index(delta_paths, reader.varint(f"{column}.data", row), f"{column}.data", row)
         for row in rows
     ]
-    skips = [reader.varint("tensors.data.skip", row) for row in rows]
-    ranges: list[dict[str, Any] | None] = [None] * len(codecs)
-    ends: dict[str, int] = {}
+    skips = [reader.varint(f"{column}.data.skip", row) for row in rows]
+    ranges: list[dict[str, Any] | None] = [None] * len(has_data)
     for row, file, skip in zip(rows, files, skips, strict=True):
         offset = ends.get(file, 0) + skip
-        length = reader.varint("tensors.data.length", row)
+        length = reader.varint(f"{column}.data.length", row)
         ends[file] = offset + length
         ranges[row] = {"file": file, "offset": offset, "length": length}
     return ranges

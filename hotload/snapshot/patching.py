@@ -27,6 +27,14 @@ from hotload.snapshot.delta_files import DeltaFiles
 from hotload.snapshot.digest import tensor_hash
 from hotload.snapshot.dtypes import DTYPES
 from hotload.snapshot.manifest import CodecId, Manifest, TensorEntry, read_manifest
+from hotload.snapshot.pieces import (
+    decode_fresh,
+    pieces,
+    plan_piece,
+    read_payload,
+    stored_words,
+    uses_previous,
+)
 from hotload.snapshot.verifier import verify_stored_files
 
 
@@ -166,6 +174,9 @@ def _patch_one(
     can still be undone)."""
     if entry.codec is CodecId.UNCHANGED:
         return
+    if entry.parts is not None:
+        _patch_parts(tensors, deltas, entry, undo, raw_in_place=raw_in_place, executor=executor)
+        return
     if entry.data is None:
         raise DecodeFailed("codec has no payload", tensor=entry.name, codec=str(entry.codec))
     payload = deltas.read(entry.data)
@@ -182,26 +193,80 @@ def _patch_one(
         fresh = np.empty(entry.numel, dtype=dtype.word)
         for job in jobs:
             job.run(fresh[job.start : job.start + job.length])
-        undo.append(_Undo(entry.name, fresh, None, None, tensors.get(entry.name)))
-        tensors[entry.name] = fresh
+        _replace(tensors, entry.name, fresh, undo)
         return
+    _run_jobs(entry.name, jobs, _held(tensors, entry), undo, executor)
+
+
+def _replace(
+    tensors: MutableMapping[str, np.ndarray], name: str, fresh: np.ndarray, undo: list[_Undo]
+) -> None:
+    """Put a new array in the mapping (the one it replaces kept for the undo)."""
+    undo.append(_Undo(name, fresh, None, None, tensors.get(name)))
+    tensors[name] = fresh
+
+
+def _held(tensors: MutableMapping[str, np.ndarray], entry: TensorEntry) -> np.ndarray:
     if entry.name not in tensors:
         raise ChainBroken("a delta needs a tensor the held weights lack", tensor=entry.name)
-    words = words_of(tensors[entry.name], entry)
+    return words_of(tensors[entry.name], entry)
+
+
+def _patch_parts(
+    tensors: MutableMapping[str, np.ndarray],
+    deltas: DeltaFiles,
+    entry: TensorEntry,
+    undo: list[_Undo],
+    *,
+    raw_in_place: bool,
+    executor: Executor | None,
+) -> None:
+    """Patch a tensor stored as parts (v4), part by part, each into its range. A tensor
+    none of whose parts needs the previous one (all ``stored`` or ``raw``) is built as a
+    new array, as a whole ``raw`` tensor is."""
+    if not uses_previous(entry) and not (raw_in_place and entry.name in tensors):
+        _replace(tensors, entry.name, decode_fresh(entry, deltas), undo)
+        return
+    words = _held(tensors, entry)
+    for piece in pieces(entry):
+        payload = read_payload(deltas, piece)
+        if payload is None:
+            continue  # unchanged
+        target = words[piece.start : piece.stop]
+        if piece.codec is CodecId.STORED:
+            source = stored_words(entry, piece, payload)
+            undo.append(_Undo(entry.name, target, None, target.copy(), None, piece.start))
+            target[...] = source
+            continue
+        jobs = plan_piece(entry, piece, payload)
+        _run_jobs(entry.name, jobs, target, undo, executor, offset=piece.start)
+
+
+def _run_jobs(
+    name: str,
+    jobs: list[ChunkJob],
+    words: np.ndarray,
+    undo: list[_Undo],
+    executor: Executor | None,
+    offset: int = 0,
+) -> None:
+    """Apply ``jobs`` to ``words`` (elements ``offset…`` of the tensor), on ``executor``
+    when there is one and more than one job."""
     if executor is None or len(jobs) < 2:
         for job in jobs:
-            _apply(entry.name, job, words, undo)
+            _apply(name, job, words, undo, offset)
         return
     # Every job is waited for, even after one fails, so that no thread is still writing
     # when the caller undoes (list.append is atomic: each job's records land whole).
-    futures = [executor.submit(_apply, entry.name, job, words, undo) for job in jobs]
+    futures = [executor.submit(_apply, name, job, words, undo, offset) for job in jobs]
     wait(futures)
     for future in futures:
         future.result()
 
 
-def _apply(name: str, job: ChunkJob, words: np.ndarray, undo: list[_Undo]) -> None:
-    """Apply one chunk, recording what it overwrites first."""
+def _apply(name: str, job: ChunkJob, words: np.ndarray, undo: list[_Undo], offset: int = 0) -> None:
+    """Apply one chunk, recording what it overwrites first (``offset``: where ``words``
+    starts in its tensor, so the record names the tensor's own positions)."""
     out = words[job.start : job.start + job.length]
     found = job.changes(out)
     if found is not None:
@@ -214,9 +279,9 @@ def _apply(name: str, job: ChunkJob, words: np.ndarray, undo: list[_Undo]) -> No
             before = apply_changes(out, positions, values)
         except ValueError as err:
             raise DecodeFailed(str(err), tensor=name) from None
-        undo.append(_Undo(name, out, positions, before, None, job.start))
+        undo.append(_Undo(name, out, positions, before, None, offset + job.start))
         return
-    undo.append(_Undo(name, out, None, out.copy(), None, job.start))
+    undo.append(_Undo(name, out, None, out.copy(), None, offset + job.start))
     job.run(out)
 
 

@@ -48,14 +48,25 @@ Layout = list[tuple[str, list[tuple[str, Any]]]]
 
 def shard_layout(state_dict: Mapping[str, Any], max_shard_bytes: int | None = None) -> Layout:
     """Shard names and their tensors, sorted by name, split before ``max_shard_bytes``."""
-    groups: list[list[tuple[str, Any]]] = [[]]
+    sizes = [(name, t.numel() * t.element_size()) for name, t in state_dict.items()]
+    return [
+        (relpath, [(name, state_dict[name]) for name in names])
+        for relpath, names in shard_groups(sizes, max_shard_bytes)
+    ]
+
+
+def shard_groups(
+    sizes: list[tuple[str, int]], max_shard_bytes: int | None = None
+) -> list[tuple[str, list[str]]]:
+    """Shard names and the names of their tensors (given with their bytes), sorted by
+    name, split before ``max_shard_bytes``: the layout of :func:`write_state_dict`."""
+    groups: list[list[str]] = [[]]
     size = 0
-    for name, tensor in sorted(state_dict.items()):
-        nbytes = tensor.numel() * tensor.element_size()
+    for name, nbytes in sorted(sizes):
         if max_shard_bytes is not None and groups[-1] and size + nbytes > max_shard_bytes:
             groups.append([])
             size = 0
-        groups[-1].append((name, tensor))
+        groups[-1].append(name)
         size += nbytes
     if len(groups) == 1:
         return [("model" + SHARD_SUFFIX, groups[0])]

@@ -31,6 +31,14 @@ from hotload.snapshot.digest import tensor_hash, tensor_set_digest
 from hotload.snapshot.dtypes import DTYPES
 from hotload.snapshot.manifest import CodecId, Manifest, TensorEntry
 from hotload.snapshot.patching import checked_delta
+from hotload.snapshot.pieces import (
+    decode_fresh,
+    pieces,
+    plan_piece,
+    read_payload,
+    stored_words,
+    uses_previous,
+)
 from hotload.snapshot.safetensors_file import (
     SafetensorsHeader,
     TensorInfo,
@@ -133,6 +141,9 @@ def _patch_one(
 ) -> None:
     if entry.codec is CodecId.UNCHANGED:
         return
+    if entry.parts is not None:
+        _patch_parts(state, deltas, entry, device, undo, replaced)
+        return
     if entry.data is None:
         raise DecodeFailed("codec has no payload", tensor=entry.name, codec=str(entry.codec))
     width = DTYPES[entry.dtype].width
@@ -148,27 +159,77 @@ def _patch_one(
         fresh = np.zeros(entry.numel, dtype=DTYPES[entry.dtype].word)
         for job in jobs:
             job.run(fresh[job.start : job.start + job.length])
-        tensor = _to_device(fresh, width, device).view(_torch_dtype(entry)).reshape(entry.shape)
-        replaced.setdefault(entry.name, state.get(entry.name))
-        state[entry.name] = tensor
+        _replace(state, entry, fresh, device, replaced)
         return
+    words = _held_words(state, entry)
+    for job in jobs:
+        _apply(entry.name, job, words, width, undo)
+
+
+def _replace(
+    state: MutableMapping[str, torch.Tensor],
+    entry: TensorEntry,
+    fresh: np.ndarray,
+    device: torch.device,
+    replaced: dict[str, torch.Tensor | None],
+) -> None:
+    """Put the new tensor (host words ``fresh``) in the state_dict, on ``device``."""
+    width = DTYPES[entry.dtype].width
+    tensor = _to_device(fresh, width, device).view(_torch_dtype(entry)).reshape(entry.shape)
+    replaced.setdefault(entry.name, state.get(entry.name))
+    state[entry.name] = tensor
+
+
+def _held_words(state: MutableMapping[str, torch.Tensor], entry: TensorEntry) -> torch.Tensor:
+    """The held tensor's flat words, checked to be the entry's size."""
     held = state.get(entry.name)
     if held is None:
         raise ChainBroken("a delta needs a tensor the held weights lack", tensor=entry.name)
-    if held.element_size() != width or held.numel() != entry.numel:
+    if held.element_size() != DTYPES[entry.dtype].width or held.numel() != entry.numel:
         raise DecodeFailed(
             "held tensor does not match the delta's dtype and shape",
             tensor=entry.name,
             expected=f"{entry.dtype}{entry.shape}",
             found=f"{held.dtype}{list(held.shape)}",
         )
-    words = words_of(held)
-    for job in jobs:
-        _apply(entry.name, job, words, width, undo)
+    return words_of(held)
 
 
-def _apply(name: str, job: ChunkJob, words: torch.Tensor, width: int, undo: list[_Undo]) -> None:
-    out = words[job.start : job.start + job.length]
+def _patch_parts(
+    state: MutableMapping[str, torch.Tensor],
+    deltas: DeltaFiles,
+    entry: TensorEntry,
+    device: torch.device,
+    undo: list[_Undo],
+    replaced: dict[str, torch.Tensor | None],
+) -> None:
+    """A tensor stored as parts (v4): a new tensor when no part needs the previous one
+    (built on the host, then moved), else each part patched in its range."""
+    width = DTYPES[entry.dtype].width
+    if not uses_previous(entry):
+        _replace(state, entry, decode_fresh(entry, deltas), device, replaced)
+        return
+    words = _held_words(state, entry)
+    for piece in pieces(entry):
+        payload = read_payload(deltas, piece)
+        if payload is None:
+            continue  # unchanged
+        if piece.codec is CodecId.STORED:
+            out = words[piece.start : piece.stop]
+            undo.append(_Undo(entry.name, piece.start, None, out.clone()))
+            out.copy_(_to_device(stored_words(entry, piece, payload), width, out.device))
+            continue
+        for job in plan_piece(entry, piece, payload):
+            _apply(entry.name, job, words, width, undo, piece.start)
+
+
+def _apply(
+    name: str, job: ChunkJob, words: torch.Tensor, width: int, undo: list[_Undo], offset: int = 0
+) -> None:
+    """Apply one chunk at ``offset + job.start`` of the tensor's words, recording what it
+    overwrites first."""
+    start = offset + job.start
+    out = words[start : start + job.length]
     chunk = job.chunk
     if isinstance(chunk, (sparse.SparseChunk, context.ContextChunk)):
         if not chunk.changes:
@@ -181,11 +242,11 @@ def _apply(name: str, job: ChunkJob, words: torch.Tensor, width: int, undo: list
             positions_np, zig_np = sparse.decode_changes(chunk, tensor=name)
         positions = torch.from_numpy(positions_np).to(out.device)
         before = out[positions]
-        undo.append(_Undo(name, job.start, positions, before.clone()))
+        undo.append(_Undo(name, start, positions, before.clone()))
         out[positions] = unzigzag_add(before, _zig_to_device(zig_np, width, out.device))
         return
     decoded = dense.decode_words(chunk, np.dtype(f"u{width}"), tensor=name)
-    undo.append(_Undo(name, job.start, None, out.clone()))
+    undo.append(_Undo(name, start, None, out.clone()))
     if job.codec is CodecId.DENSE_XOR:
         out ^= _to_device(decoded, width, out.device)
     elif job.codec is CodecId.DENSE_SUB:

@@ -6,8 +6,11 @@ Deterministic: the same code and the pinned zstandard write the same bytes. The 
 ``previous/`` and ``current/`` (tiny model directories, several dtypes, ``current``
 with a changed ignored config field, a new tensor, a removed one), ``full/`` (the Full
 snapshot of ``previous``), ``delta/`` (the Incremental from ``previous`` to ``current``,
-codecs chosen by size) and ``delta-<codec>/`` (the same with one codec forced), and
-``expected.json``: per snapshot, the sha256 of every file of its rebuilt directory.
+codecs chosen by size) and ``delta-<codec>/`` (the same with one codec forced),
+``parts-full/`` and ``parts-delta/`` (hotload-delta/v4: the same two snapshots stored as
+parts by three writers, each holding a ``torch.chunk`` of every tensor's rows, as the
+ranks of a sharded trainer write them),
+and ``expected.json``: per snapshot, the sha256 of every file of its rebuilt directory.
 The vectors of v1 and v2 (tests/golden/snapshot-v1, tests/golden/snapshot-v2) are frozen:
 readers must still rebuild them.
 """
@@ -29,6 +32,7 @@ sys.path.insert(0, str(REPO))
 
 from hotload.snapshot import REBUILT_NAME, CodecId, CodecOptions, encode, encode_full, rebuild  # noqa: E402
 from tests.unit.snapshot.models import base_tensors, words, write_model  # noqa: E402
+from tests.unit.snapshot.parting import write_parted_snapshot  # noqa: E402
 
 CHUNK = 64
 FORCED = (CodecId.SPARSE, CodecId.CONTEXT, CodecId.DENSE_SUB, CodecId.DENSE_XOR, CodecId.RAW)
@@ -91,10 +95,22 @@ def generate(root: Path) -> dict[str, dict[str, str]]:
             ignored_config_fields=["transformers_version"],
             options=options,
         )
+    write_parted_snapshot(None, previous, root / "parts-full", identity="golden-1", step=1)
+    write_parted_snapshot(
+        previous,
+        current,
+        root / "parts-delta",
+        identity="golden-2",
+        step=2,
+        previous_identity="golden-1",
+        options=CodecOptions(chunk_elements=CHUNK),
+        ignored_config_fields=("transformers_version",),
+    )
     with tempfile.TemporaryDirectory() as scratch:
-        rebuild(None, root / "full", Path(scratch) / "full")
-        expected["full"] = rebuilt_hashes(Path(scratch) / "full")
-        for name in snapshots:
+        for name in ("full", "parts-full"):
+            rebuild(None, root / name, Path(scratch) / name)
+            expected[name] = rebuilt_hashes(Path(scratch) / name)
+        for name in [*snapshots, "parts-delta"]:
             rebuild(previous, root / name, Path(scratch) / name)
             expected[name] = rebuilt_hashes(Path(scratch) / name)
     (root / "expected.json").write_text(json.dumps(expected, indent=2, sort_keys=True) + "\n")

@@ -1,5 +1,6 @@
-"""The golden vectors: what defines conformance to hotload-delta/v3 (tests/golden/snapshot)
-and, for reading, to v1 and v2 (tests/golden/snapshot-v1, tests/golden/snapshot-v2, frozen).
+"""The golden vectors: what defines conformance to hotload-delta/v3 and v4 (tests/golden/
+snapshot; v4's are ``parts-*``) and, for reading, to v1 and v2 (tests/golden/snapshot-v1,
+tests/golden/snapshot-v2, frozen).
 
 Another implementation passes if it rebuilds every vector to the expected files. Ours
 must also reproduce the v3 vectors byte for byte (the encoder is deterministic with the
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from hotload.snapshot import REBUILT_NAME, CodecId, read_manifest, rebuild, verify
+from hotload.snapshot.tensor_files import mapped_shards
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "snapshot"
 GOLDEN_V1 = Path(__file__).resolve().parents[2] / "golden" / "snapshot-v1"
@@ -37,8 +39,11 @@ def hashes(directory: Path) -> dict[str, str]:
 @pytest.mark.parametrize("name", SNAPSHOTS)
 def test_golden_vector_rebuilds_to_the_expected_files(name: str, tmp_path: Path) -> None:
     verify(GOLDEN / name)
-    assert read_manifest(GOLDEN / name).format == "hotload-delta/v3"
-    previous = None if name == "full" else GOLDEN / "previous"
+    parted = name.startswith("parts-")
+    assert read_manifest(GOLDEN / name).format == (
+        "hotload-delta/v4" if parted else "hotload-delta/v3"
+    )
+    previous = None if name.endswith("full") else GOLDEN / "previous"
     rebuild(previous, GOLDEN / name, tmp_path / "out")
     assert hashes(tmp_path / "out") == EXPECTED[name]
 
@@ -68,13 +73,44 @@ def test_golden_delta_rebuilds_the_current_model() -> None:
     assert EXPECTED["full"] == hashes(GOLDEN / "previous")
 
 
+@pytest.mark.parametrize(("parted", "whole"), [("parts-full", "full"), ("parts-delta", "delta")])
+def test_golden_parts_rebuild_the_same_weights_as_whole_tensors(
+    parted: str, whole: str, tmp_path: Path
+) -> None:
+    """The parted vectors hold the same model: the same files but the shard, which holds
+    the same tensors (laid out sorted by name, as a state_dict is written)."""
+    previous = None if whole == "full" else GOLDEN / "previous"
+    rebuild(previous, GOLDEN / parted, tmp_path / "parted")
+    rebuild(previous, GOLDEN / whole, tmp_path / "whole")
+    assert {k: v for k, v in EXPECTED[parted].items() if k != "model.safetensors"} == {
+        k: v for k, v in EXPECTED[whole].items() if k != "model.safetensors"
+    }
+    with (
+        mapped_shards(tmp_path / "parted", ["model.safetensors"]) as a,
+        mapped_shards(tmp_path / "whole", ["model.safetensors"]) as b,
+    ):
+        assert sorted(a.by_name) == sorted(b.by_name)
+        for name in a.by_name:
+            assert bytes(a.by_name[name][0].raw(a.by_name[name][1])) == bytes(
+                b.by_name[name][0].raw(b.by_name[name][1])
+            ), name
+        assert [t.name for t in a.shards["model.safetensors"].header.tensors] == sorted(a.by_name)
+
+
 def test_golden_vectors_cover_every_codec() -> None:
     used = {tensor.codec for name in SNAPSHOTS for tensor in read_manifest(GOLDEN / name).tensors}
     assert used == set(CodecId)
+    in_parts = {
+        part.codec
+        for name in SNAPSHOTS
+        for tensor in read_manifest(GOLDEN / name).tensors
+        for part in tensor.parts or ()
+    }
+    assert in_parts >= {CodecId.STORED, CodecId.UNCHANGED, CodecId.CONTEXT, CodecId.DENSE_SUB}
     v1 = {t.codec for name in EXPECTED_V1 for t in read_manifest(GOLDEN_V1 / name).tensors}
-    assert v1 == set(CodecId) - {CodecId.CONTEXT}
+    assert v1 == set(CodecId) - {CodecId.CONTEXT, CodecId.PARTS}
     v2 = {t.codec for name in EXPECTED_V2 for t in read_manifest(GOLDEN_V2 / name).tensors}
-    assert v2 == set(CodecId)
+    assert v2 == set(CodecId) - {CodecId.PARTS}
 
 
 def test_encoder_reproduces_the_golden_vectors(tmp_path: Path) -> None:

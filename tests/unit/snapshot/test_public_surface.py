@@ -9,6 +9,7 @@ def test_public_surface_is_pinned() -> None:
     assert hotload.snapshot.__all__ == [
         "ADAPTER_CONFIG",
         "FORMAT",
+        "FORMAT_PARTS",
         "MANIFEST_NAME",
         "REBUILT_NAME",
         "ByteRange",
@@ -17,12 +18,15 @@ def test_public_surface_is_pinned() -> None:
         "EncodeResult",
         "FileHash",
         "Manifest",
+        "PartsWriter",
         "RebuildResult",
         "ReferencedFile",
         "ShardEntry",
         "SnapshotReport",
         "StoredFile",
         "TensorEntry",
+        "TensorMeta",
+        "TensorPart",
         "TensorReport",
         "TensorSummary",
         "UpdatePlan",
@@ -40,6 +44,7 @@ def test_public_surface_is_pinned() -> None:
         "read_manifest",
         "rebuild",
         "verify",
+        "write_parted",
     ]
     for name in hotload.snapshot.__all__:
         assert getattr(hotload.snapshot, name) is not None
@@ -48,6 +53,7 @@ def test_public_surface_is_pinned() -> None:
 def test_contract_names() -> None:
     assert hotload.snapshot.MANIFEST_NAME == "hotload-manifest.json"
     assert hotload.snapshot.FORMAT == "hotload-delta/v3"
+    assert hotload.snapshot.FORMAT_PARTS == "hotload-delta/v4"
 
 
 def test_core_import_does_not_pull_torch() -> None:
