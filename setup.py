@@ -1,5 +1,6 @@
-"""Builds hotload's native modules: the context codec's kernels, and the reference
-engine's spare widening (each has a pure-Python fallback with the same results).
+"""Builds hotload's native modules: the context codec's kernels, the split xxh3-128's
+stripe loop, and the reference engine's spare widening (each has a pure-Python fallback
+with the same results).
 
 Everything else is in pyproject.toml; setuptools reads the extension from here because
 pyproject.toml cannot declare one portably. ``pip install -e .`` compiles it in place;
@@ -15,6 +16,11 @@ setup(
         Extension(
             "hotload.snapshot.codec._context",
             sources=["hotload/snapshot/codec/_context.c"],
+            extra_compile_args=FLAGS,
+        ),
+        Extension(
+            "hotload.snapshot._stream_hash",
+            sources=["hotload/snapshot/_stream_hash.c"],
             extra_compile_args=FLAGS,
         ),
         Extension(

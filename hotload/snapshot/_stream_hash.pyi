@@ -1,0 +1,3 @@
+from typing_extensions import Buffer
+
+def stripes(acc: Buffer, done: int, data: Buffer) -> int: ...
