@@ -50,29 +50,49 @@ class AdminHttp:
         json: Any = None,
         params: Mapping[str, str | int | float | list[str]] | None = None,
         timeout: float | None = None,
+        retry_dropped: bool = False,
     ) -> httpx.Response:
-        """Send one request; ``EngineUnavailable`` when the engine cannot be reached."""
+        """Send one request; ``EngineUnavailable`` when the engine cannot be reached.
+
+        ``retry_dropped``: send it once more when the connection broke before an answer
+        came (an engine that closes its keep-alive connections after an error, as vLLM
+        does after a failed reload: the next request on that connection is reset). Only
+        for requests whose repetition does no harm (pause, resume, naming a version).
+        """
         url = f"{self.base_url}{path}"
-        try:
-            return await self._client.request(
-                method,
-                url,
-                json=json,
-                params=params,
-                headers=self._headers,
-                timeout=timeout if timeout is not None else self._timeout,
-            )
-        except httpx.TimeoutException as err:
-            raise EngineUnavailable(
-                "the engine did not answer in time",
-                url=url,
-                method=method,
-                timeout=timeout or self._timeout,
-            ) from err
-        except httpx.HTTPError as err:
-            raise EngineUnavailable(
-                f"the engine cannot be reached: {type(err).__name__}", url=url, method=method
-            ) from err
+        attempts = 2 if retry_dropped else 1
+        for attempt in range(attempts):
+            try:
+                return await self._client.request(
+                    method,
+                    url,
+                    json=json,
+                    params=params,
+                    headers=self._headers,
+                    timeout=timeout if timeout is not None else self._timeout,
+                )
+            except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError) as err:
+                if attempt + 1 < attempts:
+                    log.info(
+                        "the engine dropped the connection; sending again",
+                        extra={"url": url, "method": method, "error": type(err).__name__},
+                    )
+                    continue
+                raise EngineUnavailable(
+                    f"the engine cannot be reached: {type(err).__name__}", url=url, method=method
+                ) from err
+            except httpx.TimeoutException as err:
+                raise EngineUnavailable(
+                    "the engine did not answer in time",
+                    url=url,
+                    method=method,
+                    timeout=timeout or self._timeout,
+                ) from err
+            except httpx.HTTPError as err:
+                raise EngineUnavailable(
+                    f"the engine cannot be reached: {type(err).__name__}", url=url, method=method
+                ) from err
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def aclose(self) -> None:
         if self._owned:

@@ -15,6 +15,13 @@ pause is its own swap. The same holds for a delta patched in place
 handed; a refusal (``DeltaNotApplicable``, ``EngineRejected``) leaves the old weights
 serving and is :class:`PatchRefused`, for the caller to load the rebuilt directory.
 
+A load that fails in an engine without rollback (``rollback_trusted`` False: SGLang,
+vLLM) is followed, while requests are still held, by a reload of the served buffer; the
+held requests resume only after the engine confirmed it (or that reload failed too), so
+none runs on weights left half-loaded — a vLLM in that state dies on its next request.
+The confirmation of a load also comes before the resume, so tokens of the new weights
+are never labelled with the old identity by an engine that names none per response.
+
 A failure says whether the engine answered (:attr:`HandoverFailed.outcome_known`): an
 explicit refusal or "busy" means it did not take the load; a timeout, a lost connection
 or a server error means it may have, or may still be loading — that buffer then stays
@@ -39,6 +46,7 @@ from hotload.errors import (
     EngineBusy,
     EngineRejected,
     HotloadError,
+    LoadNotStarted,
 )
 from hotload.sidecar.metrics import AgentMetrics
 from hotload.sidecar.planning import Slot, Staged
@@ -49,15 +57,25 @@ log = logging.getLogger(__name__)
 
 #: How long a failing resume is retried: an engine left paused holds every request.
 RESUME_RETRY_S = 30.0
+#: Reloads of the served buffer after a failed load: vLLM 0.32.0 refuses the first
+#: reload after a refused one (its layer-wise reload state is left half-done) and takes
+#: the next (docs/engines.md, "A real vLLM here").
+RECOVERY_ATTEMPTS = 2
 
 
 class HandoverFailed(Exception):
-    """The handover failed; ``outcome_known`` says whether the engine took no load."""
+    """The handover failed; ``outcome_known`` says whether the engine took no load;
+    ``weights_intact`` that it serves what it served before (the engine never touched
+    its weights, or the served buffer was reloaded and confirmed before any request
+    ran), whatever its ``rollback_trusted`` says."""
 
-    def __init__(self, error: BaseException, *, outcome_known: bool) -> None:
+    def __init__(
+        self, error: BaseException, *, outcome_known: bool, weights_intact: bool = False
+    ) -> None:
         super().__init__(str(error))
         self.error = error
         self.outcome_known = outcome_known
+        self.weights_intact = weights_intact
 
 
 class PatchRefused(Exception):
@@ -95,12 +113,17 @@ class Handover:
         transition: Transition,
         cache_policy: KvCachePolicy | None,
         on_swapping: Callable[[], None],
+        recovery: Staged | None = None,
+        on_confirmed: Callable[[EngineReport], None] | None = None,
     ) -> EngineReport:
         """Load ``staged`` from ``slot`` into the engine; the engine's report afterwards.
 
         ``served`` is the buffer served until now (its role is kept until the engine
-        confirmed the new one). ``on_swapping`` is called once the gate is closed and
-        drained: from then on the job is in the engine's hands and is not preempted.
+        confirmed the new one), ``recovery`` what it holds. ``on_swapping`` is called
+        once the gate is closed and drained: from then on the job is in the engine's
+        hands and is not preempted. ``on_confirmed`` is called with the engine's report
+        as soon as it names ``staged`` — before held requests resume and before the gate
+        opens, so every token of the new weights is labelled with them.
         """
         path = self.staging.engine_path(slot, staged.identity)
         between = swaps_between_tokens(self.engine)
@@ -126,8 +149,14 @@ class Handover:
                 # buffer handed earlier with its outcome unknown keeps its own until the
                 # engine confirms this load, which tells that load is over too.
                 await run_in_thread(self.staging.set_roles, served, slot)
-            await self._load(path, staged, transition, cache_policy)
-            report = await self._confirm(staged)
+            report = await self._load(
+                path,
+                staged,
+                transition,
+                cache_policy,
+                recovery=(served, recovery) if served is not None and served != slot else None,
+                on_confirmed=on_confirmed,
+            )
             await run_in_thread(self.staging.set_roles, slot, None)
             if cache_policy is not None:
                 await self._apply_cache_policy(cache_policy)
@@ -180,19 +209,72 @@ class Handover:
         staged: Staged,
         transition: Transition,
         cache_policy: KvCachePolicy | None,
-    ) -> None:
-        kind = staged.kind
-        if transition is Transition.ASYNC:
+        *,
+        recovery: tuple[Slot, Staged | None] | None,
+        on_confirmed: Callable[[EngineReport], None] | None,
+    ) -> EngineReport:
+        """The load, its confirmation and, after a failure that may have touched the
+        weights of an engine without rollback, the recovery — all while requests are
+        held (ASYNC: paused in place; SYNC: the gate is still closed). Nothing reaches
+        the engine between a failed load and the reload of the served buffer: a vLLM
+        left without weights dies on the next request (docs/engines.md)."""
+        paused = transition is Transition.ASYNC
+        if paused:
             try:
                 await self.engine.pause(PauseMode.IN_PLACE, cache_policy=cache_policy)
             except HotloadError as err:
                 raise HandoverFailed(err, outcome_known=True) from err
+        try:
             try:
-                await self._load_weights(path, staged.identity, kind)
-            finally:
+                await self._load_weights(path, staged.identity, staged.kind)
+            except HandoverFailed as failed:
+                raise await self._recover(failed, recovery) from failed.error
+            report = await self._confirm(staged)
+            if on_confirmed is not None:
+                on_confirmed(report)
+            return report
+        finally:
+            if paused:
                 await self._resume()
-        else:
-            await self._load_weights(path, staged.identity, kind)
+
+    async def _recover(
+        self, failed: HandoverFailed, recovery: tuple[Slot, Staged | None] | None
+    ) -> HandoverFailed:
+        """After a failed load: reload the served buffer when the engine cannot be
+        trusted to have kept its weights; the failure to raise (``weights_intact`` once
+        the engine confirmed the served snapshot again)."""
+        if isinstance(failed.error, LoadNotStarted):
+            return HandoverFailed(failed.error, outcome_known=True, weights_intact=True)
+        slot, served = recovery if recovery is not None else (None, None)
+        if (
+            self.engine.rollback_trusted
+            or not failed.outcome_known  # it may still be loading: the settle decides
+            or slot is None
+            or served is None
+        ):
+            return failed
+        log.warning(
+            "the load failed; reloading the served snapshot before any request runs",
+            extra={"snapshot": served.identity, "buffer": slot.value, "error": str(failed)},
+        )
+        path = self.staging.engine_path(slot, served.identity)
+        for attempt in range(1, RECOVERY_ATTEMPTS + 1):
+            try:
+                await self._load_weights(path, served.identity, served.kind)
+                await self._confirm(served)
+            except HandoverFailed as again:
+                log.warning(
+                    "the recovery reload failed",
+                    extra={"snapshot": served.identity, "attempt": attempt, "error": str(again)},
+                )
+                continue
+            return HandoverFailed(failed.error, outcome_known=True, weights_intact=True)
+        log.error(
+            "the engine's weights are unknown: every recovery reload failed",
+            extra={"snapshot": served.identity},
+        )
+        self.metrics.failures.labels(reason="RecoveryFailed").inc()
+        return failed
 
     async def _load_weights(self, path: Path, identity: Identity, kind: SnapshotKind) -> None:
         try:

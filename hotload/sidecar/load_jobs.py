@@ -19,6 +19,7 @@ from hotload.api import LoadPath, ReplicaState, SnapshotRef, Transition
 from hotload.api.reasons import INTERNAL_ERROR
 from hotload.cancellation import Cancelled, run_cancellable, run_in_thread
 from hotload.engines.capabilities import PatchesInPlace, patches_in_place
+from hotload.engines.protocol import EngineReport
 from hotload.errors import DigestMismatch, HotloadError
 from hotload.sidecar.agent_core import AgentCore, Retry, RunningJob, log
 from hotload.sidecar.handover import Handover, HandoverFailed, PatchRefused
@@ -376,14 +377,23 @@ class LoadJobs(AgentCore):
             self._metrics,
             drain_timeout_s=self.config.sync_drain_timeout_s,
         )
+        final_via = via or LoadPath.DELTA
+        served_slot = self._memory.buffers.served
+
+        def confirmed(report: EngineReport) -> None:
+            # Before held requests resume: the front labels their tokens with this.
+            self._set_serving(staged, final_via, slot, report.instance_id)
+
         with timings.phase("swap", self._metrics):
             report = await handover.hand(
                 slot,
                 staged,
-                served=self._memory.buffers.served,
+                served=served_slot,
                 transition=transition,
                 cache_policy=target.kv_cache_policy if target is not None else None,
                 on_swapping=swapping,
+                recovery=self._memory.buffers.held(served_slot) if served_slot else None,
+                on_confirmed=confirmed,
             )
         self._engine_epoch += 1
         self._handing = False
@@ -395,7 +405,6 @@ class LoadJobs(AgentCore):
             # never re-verified, so it is no base for the next build.
             await run_in_thread(self.staging.clear_slot, previous)
             await self._refresh_buffers()
-        final_via = via or LoadPath.DELTA
         self._set_serving(staged, final_via, slot, report.instance_id)
         if (
             target is not None
@@ -429,10 +438,11 @@ class LoadJobs(AgentCore):
         error: BaseException = err
         snapshot = running.target.identity if running.target else None
         outcome_known = True
+        intact = False
         if isinstance(err, BuildFailed):
             error, snapshot = err.error, err.snapshot
         elif isinstance(err, HandoverFailed):
-            error, outcome_known = err.error, err.outcome_known
+            error, outcome_known, intact = err.error, err.outcome_known, err.weights_intact
         expected = isinstance(error, HotloadError)
         reason = error.reason if isinstance(error, HotloadError) else INTERNAL_ERROR
         message = str(error) if expected else f"{type(error).__name__}: {error}"
@@ -449,7 +459,7 @@ class LoadJobs(AgentCore):
         decision = after_failure(
             failure,
             memory.attempts,
-            rollback_trusted=engine.rollback_trusted if engine is not None else True,
+            rollback_trusted=intact or (engine.rollback_trusted if engine is not None else True),
             unexpected_cap=self.config.unexpected_failure_cap,
         )
         self._metrics.failures.labels(reason=decision.reason).inc()

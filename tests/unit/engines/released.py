@@ -35,8 +35,11 @@ class ReleasedRecorder(Recorder):
     admin_api_key: str | None = None
     """SGLang's ``--admin-api-key``."""
     violations: list[str] = field(default_factory=list)
+    probed: list[str] = field(default_factory=list)
 
     def handle(self, request: httpx.Request) -> httpx.Response:
+        if self.contract.engine == "vllm" and request.url.path == "/openapi.json":
+            return self._openapi()
         raw = request.content
         body = json.loads(raw) if raw else None
         query: dict[str, list[str]] = {}
@@ -60,6 +63,18 @@ class ReleasedRecorder(Recorder):
             )
             return httpx.Response(refused, json={"error": "Unauthorized"})
         return super().handle(request)
+
+    def _openapi(self) -> httpx.Response:
+        """vLLM's FastAPI app serves its OpenAPI schema (unless ``--disable-fastapi-docs``),
+        which no decorated route of the wheel declares: the schemas of the released
+        request models, as FastAPI writes them (``components.schemas.<Model>.properties``).
+        Kept out of :attr:`sent`: it is the adapter's probe, not part of a swap."""
+        self.probed.append("/openapi.json")
+        schemas = {
+            name: {"properties": {field: {} for field in model["fields"]}}
+            for name, model in self.contract.models.items()
+        }
+        return httpx.Response(200, json={"components": {"schemas": schemas}})
 
     def _refused(self, level: str, request: httpx.Request) -> int | None:
         header = request.headers.get("authorization")

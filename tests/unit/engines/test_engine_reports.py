@@ -49,13 +49,13 @@ async def test_sglang_reports_nothing_loaded_at_launch_then_the_version_then_a_r
     assert await sglang.report() == EngineReport(None, None, None)
 
 
-async def test_vllm_reports_its_instance_so_a_restart_shows_even_with_a_version_set() -> None:
+async def test_vllm_reports_a_restart_when_a_new_instance_is_back_on_the_launch_version() -> None:
     recorder = ReleasedRecorder(
         {
             ("GET", "/weight_info"): [
                 weight_info("default"),
                 weight_info("step-4"),
-                weight_info("step-4"),  # restarted, and someone set the version again
+                weight_info("default"),  # restarted: a new id and the launch version
             ],
             ("GET", "/server_info"): [server_info("100"), server_info("100"), server_info("200")],
         },
@@ -64,7 +64,41 @@ async def test_vllm_reports_its_instance_so_a_restart_shows_even_with_a_version_
     vllm = VLLMEngine(VLLM_URL, recorder.client())
     assert await vllm.report() == EngineReport(None, "100", None)
     assert await vllm.report() == EngineReport("step-4", "100", None)
-    assert await vllm.report() == EngineReport("step-4", "200", None)
+    assert await vllm.report() == EngineReport(None, "200", None)
+
+
+async def test_vllm_with_several_api_servers_is_one_engine_not_a_restart_per_report() -> None:
+    """``--api-server-count 2``: each API-server process has its own instance id and the
+    reports alternate between them; the version still names what was loaded."""
+    recorder = ReleasedRecorder(
+        {
+            ("GET", "/weight_info"): weight_info("step-4"),
+            ("GET", "/server_info"): [server_info("100"), server_info("101"), server_info("100")],
+            ("GET", "/v1/models"): answer(
+                VLLM, "GET", "/v1/models", {"object": "list", "data": []}
+            ),
+        },
+        contract=VLLM,
+    )
+    vllm = VLLMEngine(VLLM_URL, recorder.client())
+    reports = [await vllm.report() for _ in range(3)]
+    assert {report.instance_id for report in reports} == {"100"}
+
+
+async def test_vllm_keeps_its_instance_id_when_server_info_is_slow() -> None:
+    """The first ``/server_info`` runs collect_env (seconds): a report must not fail whole
+    once the id of this start is known."""
+    slow = httpx.Response(503, json={})
+    recorder = ReleasedRecorder(
+        {
+            ("GET", "/weight_info"): weight_info("default"),
+            ("GET", "/server_info"): [server_info("100"), slow],
+        },
+        contract=VLLM,
+    )
+    vllm = VLLMEngine(VLLM_URL, recorder.client())
+    assert (await vllm.report()).instance_id == "100"
+    assert (await vllm.report()).instance_id == "100"
 
 
 async def test_neither_reports_a_manifest_digest_even_when_asked() -> None:

@@ -15,8 +15,12 @@ import pytest
 
 from hotload.api import KvCachePolicy, SnapshotKind
 from hotload.engines import PauseMode, VLLMEngine
-from hotload.errors import EngineBusy, EngineRejected
+from hotload.engines.vllm_adapter import UNKNOWN_VERSION
+from hotload.errors import EngineBusy, EngineRejected, LoadNotStarted
 from tests.unit.engines.released import VLLM, ReleasedRecorder, answer, text_answer, vllm_error
+
+#: Every directory handed to the adapter exists, with complete weights (conftest.py).
+pytestmark = pytest.mark.usefixtures("checkpoints")
 
 BASE = "http://10.0.0.2:8000"  # never contacted: the transport is a mock
 
@@ -93,13 +97,41 @@ async def test_missing_dev_mode_routes_are_reported_with_the_flag_to_set() -> No
         await engine(recorder).pause(PauseMode.IN_PLACE)
 
 
-async def test_failed_reload_is_rejected_and_the_version_is_left_alone() -> None:
+async def test_a_failed_reload_is_rejected_and_the_engine_labelled_unknown() -> None:
+    """The weights are unknown after it: the engine's own label must not keep naming the
+    snapshot it served before (its responses would carry it)."""
     recorder = released(
-        {("POST", "/collective_rpc"): vllm_error("size mismatch", "InternalServerError", 500)}
+        {
+            ("POST", "/collective_rpc"): vllm_error("size mismatch", "InternalServerError", 500),
+            ("POST", "/update_weight_version"): answer(
+                VLLM, "POST", "/update_weight_version", {"success": True, "new_version": "u"}
+            ),
+        }
     )
     with pytest.raises(EngineRejected, match="size mismatch"):
         await engine(recorder).load_weights(Path("/s/x"), "x", kind=SnapshotKind.FULL)
-    assert [path for _, path, _, _ in recorder.calls()] == ["/collective_rpc"]
+    assert [(path, body) for _, path, _, body in recorder.calls()][1:] == [
+        ("/update_weight_version", {"new_version": UNKNOWN_VERSION})
+    ]
+
+
+async def test_a_directory_that_would_kill_vllm_is_refused_before_any_request(
+    checkpoints: Path,
+) -> None:
+    """Missing, a corrupt header, a truncated file: vLLM would be left without weights."""
+    recorder = released({})
+    vllm = engine(recorder)
+    with pytest.raises(LoadNotStarted, match="does not exist"):
+        await vllm.load_weights(Path("/s/missing"), "m", kind=SnapshotKind.FULL)
+    weights = checkpoints / "s" / "x" / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-3])
+    with pytest.raises(LoadNotStarted, match="truncated"):
+        await vllm.load_weights(Path("/s/x"), "x", kind=SnapshotKind.FULL)
+    weights.write_bytes(b"\xff" * 16)
+    with pytest.raises(LoadNotStarted, match="header"):
+        await vllm.load_weights(Path("/s/x"), "x", kind=SnapshotKind.FULL)
+    assert recorder.calls() == []
 
 
 async def test_pause_modes_are_query_parameters() -> None:
@@ -111,12 +143,19 @@ async def test_pause_modes_are_query_parameters() -> None:
     )
     vllm = engine(recorder)
     await vllm.pause(PauseMode.IN_PLACE)
-    await vllm.pause(PauseMode.WAIT)
     await vllm.resume()
     assert recorder.calls() == [
         ("POST", "/pause", {"mode": ["keep"], "clear_cache": ["false"]}, None),
-        ("POST", "/pause", {"mode": ["wait"], "clear_cache": ["false"]}, None),
         ("POST", "/resume", {}, None),
+    ]
+
+
+async def test_wait_never_sends_mode_wait() -> None:
+    """0.33.0 answers new requests 503 while paused in ``wait`` (0.32.0 held them)."""
+    recorder = released({("POST", "/pause"): answer(VLLM, "POST", "/pause", {"status": "paused"})})
+    await engine(recorder).pause(PauseMode.WAIT)
+    assert recorder.calls() == [
+        ("POST", "/pause", {"mode": ["keep"], "clear_cache": ["false"]}, None),
     ]
 
 
@@ -180,7 +219,6 @@ async def test_lora_endpoints_and_requests_routed_to_the_adapter() -> None:
     assert vllm.prepare_request("/v1/completions", {"model": "base", "prompt": "p"}) == {
         "model": "lora-b",
         "prompt": "p",
-        "return_weight_versions": True,
     }
 
 
@@ -191,8 +229,14 @@ async def test_lora_without_runtime_updating_is_rejected_with_the_flag_to_set() 
         )
 
 
-def test_generation_requests_ask_for_weight_versions() -> None:
-    vllm = VLLMEngine(BASE)
+async def test_generation_requests_ask_for_weight_versions_where_the_server_offers_them() -> None:
+    """Probed from the server's own OpenAPI schema: 0.33.0's CompletionRequest has the
+    field (0.32.0's has not, and ignores it)."""
+    recorder = released({})
+    vllm = engine(recorder)
+    assert vllm.prepare_request("/v1/completions", {"prompt": "x"}) == {"prompt": "x"}
+    await vllm.probe()
+    assert recorder.probed == ["/openapi.json"]
     assert vllm.prepare_request("/v1/chat/completions", {"messages": []}) == {
         "messages": [],
         "return_weight_versions": True,
