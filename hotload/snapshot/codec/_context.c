@@ -127,7 +127,9 @@ typedef struct {
     uint64_t limit;  /* the largest value allowed (the chunk's length) */
     uint64_t qlimit; /* limit / m + 1: the longest unary quotient read */
     uint64_t cut;    /* truncated binary: (1 << b) - m */
+    uint64_t magic;  /* 2**64 / m + 1 (1 < m < 2**32): value / m as one multiply */
     int b;           /* ceil(log2 m) */
+    int floor_log;   /* floor(log2 m) */
 } Golomb;
 
 static inline void
@@ -138,6 +140,20 @@ golomb_init(Golomb *g, uint64_t m, uint64_t limit)
     g->qlimit = limit / m + 1;
     g->b = m == 1 ? 0 : 64 - __builtin_clzll(m - 1);
     g->cut = m == 1 ? 0 : ((uint64_t)1 << g->b) - m;
+    g->magic = m > 1 && m <= 0xFFFFFFFFu ? UINT64_MAX / m + 1 : 0;
+    g->floor_log = 63 - __builtin_clzll(m);
+}
+
+/* value / m for value < 2**32 (a chunk's gaps): Lemire's multiply for 32-bit dividends
+ * where the compiler has 128-bit products, a division otherwise. */
+static inline uint64_t
+golomb_quotient(const Golomb *g, uint64_t value)
+{
+#ifdef __SIZEOF_INT128__
+    if (g->magic && value <= 0xFFFFFFFFu)
+        return (uint64_t)(((unsigned __int128)g->magic * value) >> 64);
+#endif
+    return value / g->m;
 }
 
 static inline int
@@ -192,6 +208,12 @@ read_exp_golomb(Reader *r, int k, uint64_t *out)
  * puts was a mispredicted branch each time). The bound leaves 8 bytes of room past the
  * last byte, so the store never passes the allocation. */
 
+#if defined(__GNUC__) || defined(__clang__)
+#define INLINE static inline __attribute__((always_inline))
+#else
+#define INLINE static inline
+#endif
+
 typedef struct {
     uint8_t *data;
     Py_ssize_t size; /* whole bytes written */
@@ -200,7 +222,7 @@ typedef struct {
 } Writer;
 
 /* n <= 56 bits of value (no bit above them set) */
-static inline void
+INLINE void
 put_bits(Writer *w, uint64_t value, int n)
 {
     w->buf |= value << w->nbits;
@@ -217,7 +239,7 @@ put_bits(Writer *w, uint64_t value, int n)
     w->nbits &= 7;
 }
 
-static inline void
+INLINE void
 put_unary(Writer *w, uint64_t zeros)
 {
     for (; zeros >= 56; zeros -= 56)
@@ -227,14 +249,14 @@ put_unary(Writer *w, uint64_t zeros)
 
 /* A Golomb code with the class's parameters (golomb_init): the quotient in unary, the
  * remainder in truncated binary (its b-1 high bits first when it takes b bits). */
-static inline void
+INLINE void
 put_golomb(Writer *w, uint64_t value, const Golomb *g)
 {
     if (g->m == 1) {
         put_unary(w, value);
         return;
     }
-    uint64_t q = value / g->m, low = value - q * g->m;
+    uint64_t q = golomb_quotient(g, value), low = value - q * g->m;
     put_unary(w, q);
     if (low < g->cut) {
         put_bits(w, low, g->b - 1);
@@ -249,10 +271,10 @@ put_golomb(Writer *w, uint64_t value, const Golomb *g)
 static inline uint64_t
 golomb_bound(uint64_t value, const Golomb *g)
 {
-    return (value >> (63 - __builtin_clzll(g->m))) + 1 + (uint64_t)g->b;
+    return (value >> g->floor_log) + 1 + (uint64_t)g->b;
 }
 
-static inline void
+INLINE void
 put_exp_golomb(Writer *w, uint64_t value, int k)
 {
     uint64_t shifted = value + ((uint64_t)1 << k);
@@ -937,7 +959,7 @@ ranks_any(Ranks *k, int want_simd)
  * class's next change. The codes are assembled in a register and written with one put
  * when they fit in 56 bits (nearly always), so the writer's state is updated once per
  * change, not once per field; the same bits as the puts field by field. */
-static inline void
+INLINE void
 put_change(Writer *w, uint64_t sign, uint64_t magnitude, int k, uint64_t gap, const Golomb *g)
 {
     uint64_t code = sign;
@@ -959,7 +981,7 @@ put_change(Writer *w, uint64_t sign, uint64_t magnitude, int k, uint64_t gap, co
     uint64_t q = gap, rest = 0;
     int rest_len = 0;
     if (g->m != 1) {
-        q = gap / g->m;
+        q = golomb_quotient(g, gap);
         uint64_t low = gap - q * g->m;
         if (low < g->cut) {
             rest = low;
@@ -985,9 +1007,12 @@ put_change(Writer *w, uint64_t sign, uint64_t magnitude, int k, uint64_t gap, co
  * allocated here (the raw allocator: no GIL is held). 0, or 2 for a zero difference, 3 for
  * a unit-magnitude class's larger change, -1 out of memory. */
 static int
-write_stream(Writer *w, const Params *p, const uint8_t *values, Py_ssize_t changes,
+write_stream(Writer *out, const Params *p, const uint8_t *values, Py_ssize_t changes,
              uint64_t *rank, const uint8_t *cls, const uint64_t *size)
 {
+    /* the writer's state in locals: stores through its byte pointer could alias a
+     * caller's struct, and every put would wait on reloading it */
+    Writer local = *out, *w = &local;
     uint64_t next[MAX_CLASSES];
     Golomb codes[MAX_CLASSES];
     for (int c = 0; c < MAX_CLASSES; c++)
@@ -1007,6 +1032,7 @@ write_stream(Writer *w, const Params *p, const uint8_t *values, Py_ssize_t chang
     for (int c = 0; c < p->classes; c++)
         bits += golomb_bound(next[c], &codes[c]);
     w->data = PyMem_RawMalloc((size_t)(bits / 8 + 16));
+    out->data = w->data;
     if (w->data == NULL)
         return -1;
     for (int c = 0; c < p->classes; c++)
@@ -1022,6 +1048,7 @@ write_stream(Writer *w, const Params *p, const uint8_t *values, Py_ssize_t chang
         put_change(w, sign, magnitude, p->value_k[c], rank[t], &codes[c]);
     }
     writer_finish(w);
+    *out = local;
     return 0;
 }
 
@@ -1188,6 +1215,261 @@ done:
 }
 #undef ORDERS_EXACT
 
+/* ---- the model's class window ------------------------------------------------------
+ *
+ * context_model.choose_model's arithmetic around its two log2 calls, which stay numpy's
+ * (numpy's float64 log2 is SVML's on AVX-512 machines, libm's elsewhere: the model must
+ * come out as the Python fit chose it on each). Every other float operation is the same
+ * IEEE operation in the same order as numpy's elementwise calls and its sequential cumsum
+ * (setup.py builds with -ffp-contract=off, so no multiply-add is fused), so the costs, the
+ * window and the model are the ones the Python fit finds, bit for bit.
+ *
+ * model_prepare(per_key, changed, classes): for each candidate lo (first..first+count-1)
+ * the coded entropy's terms n*h(k/n) are wanted for every key, for the keys below lo and
+ * for the keys above lo + classes - 2: their k and n (size + 2*count of each), and the
+ * arguments of log2. Returns (first, count, bytes of p, a, b, n as float64 rows).
+ * model_finish(rows, logs, per_key, changed, first, count, classes): logs = log2 of rows a
+ * and b; the cost of every lo, the first minimum (the first NaN, as np.argmin), and each
+ * class's elements and changes at that lo. */
+
+static int
+model_counts(Py_buffer *per_key, Py_buffer *changed, int classes, Py_ssize_t *size,
+             int *clamped)
+{
+    Py_ssize_t n = per_key->len / 8;
+    if (per_key->len % 8 || changed->len != per_key->len || n < 1 || n > (1 << MAX_KEY_BITS) ||
+        (n & (n - 1)) || classes < 2 || classes > MAX_CLASSES)
+        return -1;
+    *size = n;
+    *clamped = classes < n + 2 ? classes : (int)(n + 2);
+    return 0;
+}
+
+static PyObject *
+model_prepare(PyObject *self, PyObject *args)
+{
+    Py_buffer per_key, changed;
+    int classes;
+    if (!PyArg_ParseTuple(args, "y*y*i", &per_key, &changed, &classes))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t size;
+    int k;
+    if (model_counts(&per_key, &changed, classes, &size, &k) < 0) {
+        fail("model_prepare: counts and classes disagree");
+        goto done;
+    }
+    const int64_t *nk = per_key.buf, *ck = changed.buf;
+    Py_ssize_t first = -1, last = -1;
+    for (Py_ssize_t i = 0; i < size; i++)
+        if (ck[i]) {
+            if (first < 0)
+                first = i;
+            last = i;
+        }
+    if (first < 0) {
+        fail("model_prepare: no key has a change");
+        goto done;
+    }
+    Py_ssize_t lo0 = first > 0 ? first - 1 : 0;
+    Py_ssize_t hi = last - k + 4 > first ? last - k + 4 : first;
+    hi = hi < size ? hi : size;
+    Py_ssize_t count = hi - lo0 + 1, m = size + 2 * count;
+    PyObject *rows = PyBytes_FromStringAndSize(NULL, 4 * m * (Py_ssize_t)sizeof(double));
+    if (rows == NULL)
+        goto done;
+    double *p = (double *)PyBytes_AS_STRING(rows), *a = p + m, *b = a + m, *nn = b + m;
+    int64_t c_total = 0, n_total = 0;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        c_total += ck[i];
+        n_total += nk[i];
+    }
+    /* k and n of every term: each key, the keys below lo, the keys from lo + k - 2 up */
+    int64_t c_before = 0, n_before = 0;
+    Py_ssize_t key = 0;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        p[i] = (double)ck[i];
+        nn[i] = (double)nk[i];
+    }
+    for (Py_ssize_t j = 0; j < count; j++) {
+        Py_ssize_t lo = lo0 + j, top = lo + k - 2 < size ? lo + k - 2 : size;
+        for (; key < lo; key++) {
+            c_before += ck[key];
+            n_before += nk[key];
+        }
+        p[size + j] = (double)c_before;
+        nn[size + j] = (double)n_before;
+        int64_t c_top = 0, n_top = 0;
+        for (Py_ssize_t i = 0; i < top; i++) {
+            c_top += ck[i];
+            n_top += nk[i];
+        }
+        p[size + count + j] = (double)(c_total - c_top);
+        nn[size + count + j] = (double)(n_total - n_top);
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        double kk = p[i], n = nn[i];
+        double q = n > 0 ? kk / (n > 1 ? n : 1) : 0.0;
+        p[i] = q;
+        a[i] = q > 0 ? q : 1.0;
+        b[i] = q < 1 ? 1 - q : 1.0;
+    }
+    result = Py_BuildValue("nnN", lo0, count, rows);
+done:
+    PyBuffer_Release(&per_key);
+    PyBuffer_Release(&changed);
+    return result;
+}
+
+static PyObject *
+model_finish(PyObject *self, PyObject *args)
+{
+    Py_buffer rows, logs, per_key, changed;
+    Py_ssize_t first, count;
+    int classes;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*nni", &rows, &logs, &per_key, &changed, &first, &count,
+                          &classes))
+        return NULL;
+    PyObject *result = NULL;
+    double *bits = NULL;
+    Py_ssize_t size;
+    int k;
+    if (model_counts(&per_key, &changed, classes, &size, &k) < 0 || count < 1 || first < 0 ||
+        first + count - 1 > size || rows.len != 4 * (size + 2 * count) * (Py_ssize_t)sizeof(double) ||
+        logs.len != 2 * (size + 2 * count) * (Py_ssize_t)sizeof(double)) {
+        fail("model_finish: rows, logs and counts disagree");
+        goto done;
+    }
+    Py_ssize_t m = size + 2 * count;
+    const double *p = rows.buf, *nn = p + 3 * m, *la = logs.buf, *lb = la + m;
+    bits = PyMem_Malloc(sizeof(double) * (size_t)(m + size + 1));
+    if (bits == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    double *h = bits + m;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        double t1 = p[i] * la[i];
+        double t2 = 1 - p[i];
+        double t3 = t2 * lb[i];
+        double hh = -(t1 + t3);
+        bits[i] = nn[i] * hh;
+    }
+    h[0] = 0.0;
+    for (Py_ssize_t i = 0; i < size; i++)
+        h[i + 1] = i ? h[i] + bits[i] : bits[0];
+    Py_ssize_t best = 0;
+    double best_cost = 0;
+    for (Py_ssize_t j = 0; j < count; j++) {
+        Py_ssize_t lo = first + j, top = lo + k - 2 < size ? lo + k - 2 : size;
+        double cost = bits[size + j] + (h[top] - h[lo]) + bits[size + count + j];
+        if (cost != cost) { /* NaN: np.argmin stops at the first */
+            best = j;
+            break;
+        }
+        if (j == 0 || cost < best_cost) {
+            best = j;
+            best_cost = cost;
+        }
+    }
+    Py_ssize_t lo = first + best;
+    const int64_t *nk = per_key.buf, *ck = changed.buf;
+    long long elements[MAX_CLASSES] = {0}, changes[MAX_CLASSES] = {0};
+    for (Py_ssize_t key = 0; key < size; key++) {
+        Py_ssize_t c = key - lo + 1;
+        c = c < 0 ? 0 : (c > k - 1 ? k - 1 : c);
+        elements[c] += nk[key];
+        changes[c] += ck[key];
+    }
+    PyObject *e = PyTuple_New(k), *c = PyTuple_New(k);
+    if (e == NULL || c == NULL) {
+        Py_XDECREF(e);
+        Py_XDECREF(c);
+        goto done;
+    }
+    for (int j = 0; j < k; j++) {
+        PyTuple_SET_ITEM(e, j, PyLong_FromLongLong(elements[j]));
+        PyTuple_SET_ITEM(c, j, PyLong_FromLongLong(changes[j]));
+    }
+    result = Py_BuildValue("nNN", lo, e, c);
+done:
+    PyMem_Free(bits);
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&logs);
+    PyBuffer_Release(&per_key);
+    PyBuffer_Release(&changed);
+    return result;
+}
+
+/* ---- a sparse chunk's planes ----------------------------------------------------------
+ *
+ * sparse_planes(positions_u32, values, width) -> (gap_planes, planes): the byte planes of
+ * a chunk's sparse payload before compression (sparse.planes_of_changes: the gaps between
+ * changes as uint32, their low 1-3 bytes, then each byte of the zigzag differences), each
+ * as bytes, or None where every byte is zero (stored as an empty frame). One pass where
+ * numpy took a diff, a max, casts and a strided copy per plane. */
+static PyObject *
+sparse_planes(PyObject *self, PyObject *args)
+{
+    Py_buffer positions, values;
+    int width;
+    if (!PyArg_ParseTuple(args, "y*y*i", &positions, &values, &width))
+        return NULL;
+    PyObject *result = NULL, *list = NULL;
+    Py_ssize_t n = positions.len / 4;
+    if ((width != 1 && width != 2 && width != 4 && width != 8) || positions.len % 4 ||
+        values.len != (Py_ssize_t)width * n || n == 0) {
+        fail("sparse_planes: positions and values disagree");
+        goto done;
+    }
+    const uint32_t *pos = positions.buf;
+    uint32_t largest = pos[0];
+    for (Py_ssize_t i = 1; i < n; i++) {
+        if (pos[i] <= pos[i - 1]) {
+            fail("sparse_planes: positions must increase");
+            goto done;
+        }
+        uint32_t gap = pos[i] - pos[i - 1] - 1;
+        largest = gap > largest ? gap : largest;
+    }
+    int gap_planes = largest < (1u << 8) ? 1 : (largest < (1u << 16) ? 2 : 3);
+    list = PyList_New(gap_planes + width);
+    if (list == NULL)
+        goto done;
+    const uint8_t *v = values.buf;
+    for (int j = 0; j < gap_planes + width; j++) {
+        PyObject *plane = PyBytes_FromStringAndSize(NULL, n);
+        if (plane == NULL)
+            goto done;
+        uint8_t *out = (uint8_t *)PyBytes_AS_STRING(plane);
+        uint8_t any = 0;
+        if (j < gap_planes) {
+            for (Py_ssize_t i = 0; i < n; i++) {
+                uint32_t gap = i ? pos[i] - pos[i - 1] - 1 : pos[0];
+                out[i] = (uint8_t)(gap >> (8 * j));
+                any |= out[i];
+            }
+        } else {
+            const uint8_t *at = v + (j - gap_planes); /* byte j of each word, in memory */
+            for (Py_ssize_t i = 0; i < n; i++) {
+                out[i] = at[(Py_ssize_t)width * i];
+                any |= out[i];
+            }
+        }
+        if (!any) {
+            Py_DECREF(plane);
+            plane = Py_NewRef(Py_None);
+        }
+        PyList_SET_ITEM(list, j, plane);
+    }
+    result = Py_BuildValue("iO", gap_planes, list);
+done:
+    Py_XDECREF(list);
+    PyBuffer_Release(&positions);
+    PyBuffer_Release(&values);
+    return result;
+}
+
 /* ---- finding a chunk's changes -----------------------------------------------------
  *
  * What the encoder needs from a chunk's new and previous words, in one pass without the
@@ -1249,13 +1531,131 @@ done:
         count++;                                                                          \
     } while (0)
 
+#ifdef HAVE_SIMD
+/* 2-byte words with a key of 4 to 8 bits (bf16, f16) on AVX2: one pass over both arrays,
+ * 32 elements a step: the words compared 16 at a time (a step without a change costs two
+ * compares), and the previous words' keys counted for a window of 16 keys with a compare
+ * and a subtract per key into 8-bit lanes (summed every 255 steps); a key outside the
+ * window (rare: weights' exponents cluster) is counted one by one. The window is the
+ * 16 keys most common in the first SCAN_SUB elements, counted the portable way. The same
+ * changes and counts as SCAN_LOOP: tests run both. */
+typedef struct {
+    const uint16_t *a, *b; /* new, previous */
+    Py_ssize_t n;
+    int shift;
+    uint64_t mask;
+    Py_ssize_t size;
+    uint32_t *sub; /* the portable path's four tables (the first one is used here) */
+    int collect;
+    uint32_t *pos_out;
+    uint8_t *val_out;
+    Py_ssize_t count;
+    int base;            /* the window's first key */
+    uint64_t window[16]; /* its keys' counts, outside `sub` */
+} Scan16;
+
+#define SCAN16_RECORD(I)                                                                  \
+    do {                                                                                  \
+        if (s->collect) {                                                                 \
+            uint16_t d_ = (uint16_t)(a[I] - b[I]);                                        \
+            uint16_t zig_ = (uint16_t)((uint16_t)(d_ << 1) ^ (uint16_t)(0 - (d_ >> 15)));  \
+            s->pos_out[count] = (uint32_t)(I);                                            \
+            memcpy(s->val_out + 2 * count, &zig_, 2);                                     \
+        }                                                                                 \
+        count++;                                                                          \
+    } while (0)
+
+SIMD_TARGET static void
+scan16_simd(Scan16 *s)
+{
+    const uint16_t *a = s->a, *b = s->b;
+    Py_ssize_t n = s->n, count = 0, i = 0, size = s->size;
+    int shift = s->shift;
+    uint64_t mask = s->mask;
+    uint32_t *sub = s->sub;
+    Py_ssize_t head = n < SCAN_SUB ? n : SCAN_SUB;
+    for (; i < head; i++) {
+        if (a[i] != b[i])
+            SCAN16_RECORD(i);
+        sub[(b[i] >> shift) & mask]++;
+    }
+    int base = 0;
+    uint32_t best = 0;
+    for (Py_ssize_t start = 0; start + 16 <= size; start++) {
+        uint32_t in = 0;
+        for (int q = 0; q < 16; q++)
+            in += sub[start + q];
+        if (in > best) {
+            best = in;
+            base = (int)start;
+        }
+    }
+    s->base = base;
+    for (int q = 0; q < 16; q++)
+        s->window[q] = 0;
+    const __m128i shift_by = _mm_cvtsi32_si128(shift);
+    const __m256i keys = _mm256_set1_epi16((short)mask);
+    const __m256i first = _mm256_set1_epi8((char)base), fifteen = _mm256_set1_epi8(15);
+    const __m256i zero = _mm256_setzero_si256();
+    while (i + 32 <= n) {
+        __m256i acc[16];
+        for (int q = 0; q < 16; q++)
+            acc[q] = zero;
+        for (int steps = 0; steps < 255 && i + 32 <= n; steps++, i += 32) {
+            __m256i o0 = _mm256_loadu_si256((const __m256i *)(b + i));
+            __m256i o1 = _mm256_loadu_si256((const __m256i *)(b + i + 16));
+            __m256i n0 = _mm256_loadu_si256((const __m256i *)(a + i));
+            __m256i n1 = _mm256_loadu_si256((const __m256i *)(a + i + 16));
+            uint64_t same = (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi16(n0, o0)) |
+                            (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi16(n1, o1))
+                                << 32;
+            if (~same) {
+                uint64_t changed = ~same & 0x5555555555555555ULL; /* a bit per word */
+                while (changed) {
+                    Py_ssize_t j = i + (_tzcnt_u64(changed) >> 1);
+                    changed &= changed - 1;
+                    SCAN16_RECORD(j);
+                }
+            }
+            __m256i k0 = _mm256_and_si256(_mm256_srl_epi16(o0, shift_by), keys);
+            __m256i k1 = _mm256_and_si256(_mm256_srl_epi16(o1, shift_by), keys);
+            /* keys < 256 fit a byte; the window's index wraps to >= 16 below it (base <=
+             * size - 16) */
+            __m256i d = _mm256_sub_epi8(
+                _mm256_permute4x64_epi64(_mm256_packus_epi16(k0, k1), 0xD8), first);
+            uint32_t outside =
+                ~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_min_epu8(d, fifteen), d));
+            while (outside) {
+                Py_ssize_t j = i + _tzcnt_u32(outside);
+                outside &= outside - 1;
+                sub[(b[j] >> shift) & mask]++;
+            }
+            for (int q = 0; q < 16; q++)
+                acc[q] = _mm256_sub_epi8(acc[q], _mm256_cmpeq_epi8(d, _mm256_set1_epi8((char)q)));
+        }
+        for (int q = 0; q < 16; q++) {
+            uint64_t lanes[4];
+            _mm256_storeu_si256((__m256i *)lanes, _mm256_sad_epu8(acc[q], zero));
+            s->window[q] += lanes[0] + lanes[1] + lanes[2] + lanes[3];
+        }
+    }
+    for (; i < n; i++) {
+        if (a[i] != b[i])
+            SCAN16_RECORD(i);
+        sub[(b[i] >> shift) & mask]++;
+    }
+    s->count = count;
+}
+#undef SCAN16_RECORD
+#endif
+
 static PyObject *
 scan_chunk(PyObject *self, PyObject *args)
 {
     Py_buffer new_buf, old_buf, positions, values, hist;
-    int width, shift, key_bits;
-    if (!PyArg_ParseTuple(args, "y*y*iiiw*w*w*", &new_buf, &old_buf, &width, &shift, &key_bits,
-                          &positions, &values, &hist))
+    int width, shift, key_bits, want_simd = 1;
+    if (!PyArg_ParseTuple(args, "y*y*iiiw*w*w*|p", &new_buf, &old_buf, &width, &shift,
+                          &key_bits, &positions, &values, &hist, &want_simd))
         return NULL;
     const char *error = NULL;
     Py_ssize_t count = 0;
@@ -1282,7 +1682,20 @@ scan_chunk(PyObject *self, PyObject *args)
         int collect = positions.len != 0, bits = 8 * width;
         uint64_t wmask = width == 8 ? ~(uint64_t)0 : (((uint64_t)1 << bits) - 1);
         uint64_t mask = (uint64_t)size - 1;
+        int base = 0;
+        uint64_t window[16] = {0};
         Py_BEGIN_ALLOW_THREADS
+#ifdef HAVE_SIMD
+        if (want_simd && simd_usable && width == 2 && sub != NULL && size >= 16 && size <= 256) {
+            Scan16 scan = {(const uint16_t *)new_words, (const uint16_t *)old_words, n, shift,
+                           mask, size, sub, collect, pos_out, val_out, 0, 0, {0}};
+            scan16_simd(&scan);
+            count = scan.count;
+            base = scan.base;
+            memcpy(window, scan.window, sizeof window);
+            goto counted;
+        }
+#endif
         switch (width) {
         case 1:
             SCAN_LOOP(uint8_t);
@@ -1296,11 +1709,15 @@ scan_chunk(PyObject *self, PyObject *args)
         default:
             SCAN_LOOP(uint64_t);
         }
+#ifdef HAVE_SIMD
+    counted:
+#endif
         if (sub != NULL) {
             int64_t *out = hist.buf;
             for (Py_ssize_t key = 0; key < size; key++)
                 out[key] = (int64_t)sub[key] + sub[size + key] + sub[2 * size + key] +
-                           sub[3 * size + key];
+                           sub[3 * size + key] +
+                           (int64_t)(key >= base && key < base + 16 ? window[key - base] : 0);
         }
         Py_END_ALLOW_THREADS
     }
@@ -1401,11 +1818,21 @@ static PyMethodDef methods[] = {
      "value_orders(magnitudes_u64, change_class_i64, classes) -> bytes | None: each "
      "class's Exp-Golomb order (255: all magnitudes 1); None when a magnitude is too large "
      "for integer lengths to match the reference's float ones."},
+    {"model_prepare", model_prepare, METH_VARARGS,
+     "model_prepare(per_key_i64, changed_i64, classes) -> (first, count, rows): the context "
+     "model's candidate windows and the terms of their entropies (float64 rows p, a, b, n)."},
+    {"model_finish", model_finish, METH_VARARGS,
+     "model_finish(rows, logs, per_key, changed, first, count, classes) -> (lo, elements, "
+     "changes): the cheapest window from log2 of rows a and b, and its classes' counts."},
+    {"sparse_planes", sparse_planes, METH_VARARGS,
+     "sparse_planes(positions_u32, values, width) -> (gap_planes, planes): a sparse chunk's "
+     "byte planes, None for an all-zero one."},
     {"scan_chunk", scan_chunk, METH_VARARGS,
-     "scan_chunk(new, old, width, shift, key_bits, positions_out, values_out, hist_out) -> "
-     "changes: the words that differ; their positions (u32) and zigzag differences into the "
-     "outputs (the chunk's length each, or both empty to count only); hist_out (int64, "
-     "2**key_bits, or empty) the previous words' keys counted."},
+     "scan_chunk(new, old, width, shift, key_bits, positions_out, values_out, hist_out, "
+     "simd=True) -> changes: the words that differ; their positions (u32) and zigzag "
+     "differences into the outputs (the chunk's length each, or both empty to count only); "
+     "hist_out (int64, 2**key_bits, or empty) the previous words' keys counted. simd=False "
+     "forces the portable loop (the same results; tests run both)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -35,6 +35,7 @@ def scan_chunk(
     positions_out: Buffer,
     values_out: Buffer,
     hist_out: Buffer,
+    simd: bool = True,
 ) -> int: ...
 def apply_changes(
     words: Buffer, width: int, positions: Buffer, position_width: int, zig: Buffer
@@ -43,3 +44,16 @@ def apply_changes(
 SIMD: int
 
 def value_orders(magnitudes: Buffer, change_class: Buffer, classes: int) -> bytes | None: ...
+def model_prepare(per_key: Buffer, changed: Buffer, classes: int) -> tuple[int, int, bytes]: ...
+def model_finish(
+    rows: Buffer,
+    logs: Buffer,
+    per_key: Buffer,
+    changed: Buffer,
+    first: int,
+    count: int,
+    classes: int,
+) -> tuple[int, tuple[int, ...], tuple[int, ...]]: ...
+def sparse_planes(
+    positions: Buffer, values: Buffer, width: int
+) -> tuple[int, list[bytes | None]]: ...

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -51,6 +51,40 @@ class TensorChanges:
     changed: int
     collected: bool
     """Whether every chunk's positions and differences were kept."""
+    _kept: dict[object, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+
+    def values(self, word: np.dtype[np.unsignedinteger]) -> np.ndarray:
+        """Every change's zigzag difference, in element order (made once)."""
+        found = self._kept.get("values")
+        if found is None:
+            found = np.concatenate([np.zeros(0, dtype=word)] + [c.values for c in self.chunks])
+            self._kept["values"] = found
+        return found
+
+    def magnitudes(self, word: np.dtype[np.unsignedinteger]) -> np.ndarray:
+        """Every change's magnitude (uint64), in element order (made once)."""
+        found = self._kept.get("magnitudes")
+        if found is None:
+            found = magnitudes_of(self.values(word))
+            self._kept["magnitudes"] = found
+        return found
+
+    def previous_keys(self, previous: np.ndarray, key_shift: int, key_bits: int) -> np.ndarray:
+        """Every change's previous key, in element order (made once per key)."""
+        found = self._kept.get((key_shift, key_bits))
+        if found is None:
+            found = np.concatenate(
+                [np.zeros(0, dtype=previous.dtype)]
+                + [
+                    keys_of(
+                        previous[c.start : c.start + c.length][c.positions], key_shift, key_bits
+                    )
+                    for c in self.chunks
+                    if c.count
+                ]
+            )
+            self._kept[(key_shift, key_bits)] = found
+        return found
 
     def key_counts(self) -> np.ndarray | None:
         """The previous words' keys counted over the whole tensor (None: none asked)."""
@@ -60,6 +94,14 @@ class TensorChanges:
                 return None
             total = chunk.key_counts.copy() if total is None else total + chunk.key_counts
         return total
+
+
+def magnitudes_of(values: np.ndarray) -> np.ndarray:
+    """Each change's magnitude (uint64) from its zigzag difference."""
+    magnitudes: np.ndarray = (values >> values.dtype.type(1)).astype(np.uint64) + (
+        values & 1
+    ).astype(np.uint64)
+    return magnitudes
 
 
 def keys_of(words: np.ndarray, key_shift: int, key_bits: int) -> np.ndarray:
@@ -79,8 +121,10 @@ def scan_chunk(
     collect: bool,
     count_keys: bool,
     native: bool = context_kernels.NATIVE,
+    simd: bool = True,
 ) -> ChunkChanges:
-    """One chunk's changes (``new`` and ``old``: its words, same dtype and length)."""
+    """One chunk's changes (``new`` and ``old``: its words, same dtype and length).
+    ``simd=False`` keeps the native scan on its portable loop (the same results)."""
     length = len(new)
     if native and context_kernels.NATIVE:
         from hotload.snapshot.codec import _context
@@ -99,6 +143,7 @@ def scan_chunk(
             positions.data,
             values.data,
             counts.data,
+            simd,
         )
         return ChunkChanges(
             start,
@@ -134,6 +179,7 @@ def scan_tensor(
     limit: int,
     executor: Executor | None = None,
     native: bool = context_kernels.NATIVE,
+    simd: bool = True,
 ) -> TensorChanges:
     """Every chunk's changes; positions are kept while at most ``limit`` words changed."""
     lock = threading.Lock()
@@ -152,6 +198,7 @@ def scan_tensor(
             collect=collect,
             count_keys=count_keys,
             native=native,
+            simd=simd,
         )
         with lock:
             seen[0] += found.count

@@ -28,7 +28,7 @@ import numpy as np
 
 from hotload.errors import DecodeFailed
 from hotload.snapshot.codec import context_kernels
-from hotload.snapshot.codec.changes import TensorChanges, keys_of
+from hotload.snapshot.codec.changes import TensorChanges, keys_of, magnitudes_of
 from hotload.snapshot.codec.context_model import (
     EXPONENT_KEYS,
     ContextModel,
@@ -81,19 +81,18 @@ def _fit(
     per_key: np.ndarray | None,
     elements: int,
     changed_keys: np.ndarray | None,
-    values: np.ndarray,
+    magnitudes: np.ndarray,
     *,
     key_shift: int,
     key_bits: int,
     classes: int,
 ) -> ContextModel:
     """The model for a tensor's changes (``changed_keys``: their previous keys, None
-    without a key; ``values``: their zigzag differences)."""
-    magnitudes = (values >> values.dtype.type(1)).astype(np.uint64) + (values & 1).astype(np.uint64)
+    without a key; ``magnitudes``: theirs)."""
     return choose_model(
         per_key,
         elements,
-        np.zeros(len(values), dtype=np.intp) if changed_keys is None else changed_keys,
+        np.zeros(len(magnitudes), dtype=np.intp) if changed_keys is None else changed_keys,
         magnitudes,
         key_shift=key_shift,
         key_bits=key_bits,
@@ -130,7 +129,7 @@ def encode(
         inputs.key_counts(key_shift, key_bits) if key_bits else None,
         len(previous),
         keys_of(previous[positions], key_shift, key_bits) if key_bits else None,
-        values,
+        magnitudes_of(values),
         key_shift=key_shift,
         key_bits=key_bits,
         classes=classes,
@@ -170,22 +169,11 @@ def encode_changes(
     (every chunk's changes collected; the key counts of ``dtype``'s key when
     ``classes`` > 1)."""
     key_shift, key_bits = key_of(dtype) if classes > 1 else (0, 0)
-    chunks = [c for c in found.chunks if c.count]
-    values = np.concatenate([np.zeros(0, dtype=previous.dtype)] + [c.values for c in chunks])
-    changed_keys = None
-    if key_bits:
-        changed_keys = np.concatenate(
-            [np.zeros(0, dtype=previous.dtype)]
-            + [
-                keys_of(previous[c.start : c.start + c.length][c.positions], key_shift, key_bits)
-                for c in chunks
-            ]
-        )
     model = _fit(
         found.key_counts() if key_bits else None,
         len(previous),
-        changed_keys,
-        values,
+        found.previous_keys(previous, key_shift, key_bits) if key_bits else None,
+        found.magnitudes(previous.dtype),
         key_shift=key_shift,
         key_bits=key_bits,
         classes=classes,

@@ -26,6 +26,9 @@ ENTRY_POINTS: Final = (
     "apply_changes",
     "scan_chunk",
     "value_orders",
+    "model_prepare",
+    "model_finish",
+    "sparse_planes",
 )
 
 try:

@@ -14,6 +14,8 @@ how its change magnitudes are coded (all ±1, or Exp-Golomb of order ``value_k``
 from __future__ import annotations
 
 import math
+import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -58,7 +60,7 @@ class ContextModel:
         return len(self.golomb)
 
     def golomb_bytes(self) -> bytes:
-        return np.array(self.golomb, dtype="<u8").tobytes()
+        return struct.pack(f"<{len(self.golomb)}Q", *self.golomb)
 
     def value_k_bytes(self) -> bytes:
         return bytes(self.value_k)
@@ -218,18 +220,39 @@ def choose_model(
     key_shift: int,
     key_bits: int,
     classes: int,
+    native: bool = True,
 ) -> ContextModel:
     """The model with ``classes`` classes (1: no context) that minimises the changes'
     estimated entropy: ``per_key`` counts every element's key (None without a key),
-    ``changed_keys`` and ``magnitudes`` describe the changed elements."""
+    ``changed_keys`` and ``magnitudes`` describe the changed elements.
+
+    The window's arithmetic runs natively where built (``_context.model_prepare`` and
+    ``model_finish``, around numpy's log2): the same model (the tests compare them)."""
     changes = len(changed_keys)
     if classes <= 1 or key_bits == 0 or per_key is None or changes == 0:
         unit = np.zeros(changes, dtype=np.int64)
-        return _fitted(0, 0, 0, np.array([elements]), np.array([changes]), unit, magnitudes)
+        return _fitted(0, 0, 0, [elements], [changes], unit, magnitudes)
     size = 1 << key_bits
     classes = min(classes, MAX_CLASSES, size + 2)
     changed = np.bincount(changed_keys, minlength=size)[:size]
     per_key = per_key[:size]
+    if native and hasattr(_context, "model_prepare"):  # built, and from this source
+        lo, class_elements, class_changes = _native_window(per_key, changed, classes)
+    else:
+        lo, class_elements, class_changes = _window(per_key, changed, classes)
+    # each key's class (np.clip's own checks cost more than the work here)
+    index = np.minimum(np.maximum(np.arange(1 - lo, size + 1 - lo), 0), classes - 1)
+    return _fitted(
+        key_shift, key_bits, lo, class_elements, class_changes, index[changed_keys], magnitudes
+    )
+
+
+Window = tuple[int, Sequence[int], Sequence[int]]
+
+
+def _window(per_key: np.ndarray, changed: np.ndarray, classes: int) -> Window:
+    """(lo, elements and changes per class) of the cheapest window of ``classes`` classes."""
+    size = len(per_key)
     present = np.flatnonzero(changed)
     first, last = int(present[0]), int(present[-1])
     # cost(lo) = tail below lo + one class per key in [lo, lo + classes - 2) + tail above,
@@ -250,21 +273,31 @@ def choose_model(
     index = np.clip(np.arange(size) - lo + 1, 0, classes - 1)
     class_elements = np.bincount(index, weights=per_key, minlength=classes).astype(np.int64)
     class_changes = np.bincount(index, weights=changed, minlength=classes).astype(np.int64)
-    model = _fitted(
-        key_shift, key_bits, lo, class_elements, class_changes, index[changed_keys], magnitudes
+    return lo, class_elements.tolist(), class_changes.tolist()
+
+
+def _native_window(per_key: np.ndarray, changed: np.ndarray, classes: int) -> Window:
+    """:func:`_window` with its arithmetic in C and numpy's log2 between."""
+    per_key = np.ascontiguousarray(per_key, dtype=np.int64)
+    changed = np.ascontiguousarray(changed, dtype=np.int64)
+    first, count, rows = _context.model_prepare(per_key.data, changed.data, classes)
+    table = np.frombuffer(rows, dtype=np.float64).reshape(4, len(per_key) + 2 * count)
+    logs = np.log2(table[1:3])  # rows a and b: what _entropy_bits takes log2 of
+    window: Window = _context.model_finish(
+        rows, logs.data, per_key.data, changed.data, first, count, classes
     )
-    return model
+    return window
 
 
 def _fitted(
     key_shift: int,
     key_bits: int,
     lo: int,
-    elements: np.ndarray,
-    changes: np.ndarray,
+    elements: Sequence[int],
+    changes: Sequence[int],
     change_class: np.ndarray,
     magnitudes: np.ndarray,
 ) -> ContextModel:
-    golomb = tuple(golomb_parameter(int(k), int(n)) for k, n in zip(changes, elements, strict=True))
+    golomb = tuple(golomb_parameter(k, n) for k, n in zip(changes, elements, strict=True))
     value_k = value_orders(magnitudes, change_class, len(elements))
     return ContextModel(key_shift, key_bits, lo, golomb, value_k)

@@ -22,10 +22,15 @@ import numpy as np
 from hotload.errors import DecodeFailed
 from hotload.snapshot.codec import planes
 from hotload.snapshot.codec.dense import chunk_bounds
-from hotload.snapshot.codec.frames import compress_plane, decompress_exact
+from hotload.snapshot.codec.frames import compress_bytes, compress_plane, decompress_exact
 from hotload.snapshot.codec.transforms import zigzag_diff
 from hotload.snapshot.codec.varint import Reader, write_varint
 from hotload.snapshot.limits import MAX_CHUNK_ELEMENTS
+
+try:
+    from hotload.snapshot.codec import _context
+except ImportError:  # pragma: no cover - depends on how the checkout was installed
+    _context = None  # type: ignore[assignment]
 
 _GAP_WORD = np.dtype(np.uint32)
 
@@ -71,6 +76,23 @@ def compress_chunk(
 ) -> tuple[int, int, list[bytes]]:
     changes, gap_count, chunk_planes = made
     return changes, gap_count, [compress_plane(p, level) for p in chunk_planes]
+
+
+def compress_changes(
+    positions: np.ndarray, values: np.ndarray, level: int, *, native: bool = True
+) -> tuple[int, int, list[bytes]]:
+    """(changes, gap planes, frames) of a chunk's changes (``positions``: uint32, in the
+    chunk, increasing). Natively, the planes come from one pass
+    (``_context.sparse_planes``); the same frames as :func:`planes_of_changes`'."""
+    changes = len(positions)
+    if not native or not changes or not hasattr(_context, "sparse_planes"):
+        return compress_chunk(planes_of_changes(positions, values), level)
+    gap_count, made = _context.sparse_planes(
+        np.ascontiguousarray(positions, dtype=np.uint32).data,
+        np.ascontiguousarray(values).data,
+        values.dtype.itemsize,
+    )
+    return changes, gap_count, [b"" if p is None else compress_bytes(p, level) for p in made]
 
 
 def encode_chunk(new: np.ndarray, old: np.ndarray, level: int) -> tuple[int, int, list[bytes]]:

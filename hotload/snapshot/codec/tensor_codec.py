@@ -193,6 +193,7 @@ def encode_tensor(
             count_keys=key_bits > 0,
             limit=_sparse_limit(total),
             executor=executor,
+            simd=simd,
         )
         changed = found.changed
     else:
@@ -208,9 +209,7 @@ def encode_tensor(
             return sparse.compress_chunk(words.sparse_planes(new[s : s + n], old[s : s + n]), level)
 
         def one_found(chunk: changes.ChunkChanges) -> tuple[int, int, list[bytes]]:
-            return sparse.compress_chunk(
-                sparse.planes_of_changes(chunk.positions, chunk.values), level
-            )
+            return sparse.compress_changes(chunk.positions, chunk.values, level)
 
         candidates[CodecId.SPARSE] = sparse.assemble(
             size,
