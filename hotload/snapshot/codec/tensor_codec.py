@@ -155,10 +155,16 @@ def encode_tensor(
 
     numpy words take the native path where the kernels are built: one scan per chunk
     finds the changes (:mod:`~hotload.snapshot.codec.changes`) and the ``sparse`` and
-    ``context`` candidates are made from them. ``native=False`` takes the reference path
-    (the backend's whole-tensor passes, as torch words always do) and ``simd=False`` the
-    native kernels' portable loops: the same bytes every way (the tests compare them).
+    ``context`` candidates are made from them; so do torch words in host memory (viewed
+    as numpy words, not copied) unless a ``backend`` is named. ``native=False`` takes the
+    reference path (the backend's whole-tensor passes, as torch words on a device always
+    do) and ``simd=False`` the native kernels' portable loops: the same bytes every way
+    (the tests compare them).
     """
+    if backend is None and native and context_kernels.NATIVE and not isinstance(new, np.ndarray):
+        hosted = _host_views(new, old)  # torch words in host memory: numpy views of them
+        if hosted is not None:
+            new, old = hosted
     words = backend or backend_for(new)
     total = words.length(new)
     bounds = dense.chunk_bounds(total, options.chunk_elements)
@@ -230,6 +236,17 @@ def encode_tensor(
         candidates[CodecId.RAW] = dense_payload(CodecId.RAW)
     best = min(candidates, key=lambda c: (len(candidates[c]), _PREFERENCE.index(c)))
     return EncodedTensor(best, candidates[best], None if best is CodecId.RAW else changed)
+
+
+def _host_views(new: Any, old: Any | None) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """Numpy views of torch words that are in host memory (None when any is not)."""
+    from hotload.snapshot.codec.torch_words import host_view
+
+    hosted = host_view(new)
+    previous = None if old is None else host_view(old)
+    if hosted is None or (old is not None and previous is None):
+        return None
+    return hosted, previous
 
 
 def _sparse_limit(total: int) -> int:

@@ -128,6 +128,15 @@ class TorchWords:
         )
 
 
+def host_view(words: torch.Tensor) -> np.ndarray | None:
+    """Words in host memory as unsigned numpy words sharing their memory (no copy);
+    None for words on a device."""
+    if words.device.type != "cpu":
+        return None
+    view: np.ndarray = words.numpy().view(np.dtype(f"u{words.element_size()}"))
+    return view
+
+
 def host_words(words: torch.Tensor, width: int) -> np.ndarray:
     """Words on the host as unsigned numpy words. The context codec's classes come from
     the previous words, so for it 2 bytes per bf16 element cross to the host, not only

@@ -175,6 +175,27 @@ def test_real_adam_steps_encode_as_the_frozen_encoder_did() -> None:
     assert CodecId.CONTEXT in chosen
 
 
+@pytest.mark.skipif(not context_kernels.NATIVE, reason="the native kernels are not built")
+def test_torch_words_in_host_memory_take_the_native_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trainer's CPU state_dict is encoded by the native path (viewed, not copied); a
+    named torch backend still runs the torch transforms. The same payload every way."""
+    torch = pytest.importorskip("torch")
+    from hotload.snapshot.codec.torch_words import TORCH_WORDS, words_of
+
+    case = generate.Case("torch", "BF16", 2, 50_000, 9, 6500, "mixed", chunk=4096)
+    old, new = case.words()
+    as_torch = [words_of(torch.from_numpy(w.view(np.int16))) for w in (new, old)]
+    scans: list[int] = []
+    scan = changes.scan_tensor
+    monkeypatch.setattr(changes, "scan_tensor", lambda *a, **k: scans.append(1) or scan(*a, **k))
+    options = CodecOptions(chunk_elements=4096)
+    expected = encode_tensor(new, old, options, dtype="BF16")
+    assert encode_tensor(*as_torch, options, dtype="BF16") == expected
+    assert len(scans) == 2  # numpy words, then the torch words' views
+    assert encode_tensor(*as_torch, options, backend=TORCH_WORDS, dtype="BF16") == expected
+    assert len(scans) == 2
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     dtype=st.sampled_from(["F8_E5M2", "BF16", "F16", "U16", "F32", "F64"]),
