@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hotload.snapshot.codec import context_kernels
+from hotload.snapshot.codec.jobs import map_jobs
 from hotload.snapshot.codec.transforms import zigzag_diff
 
 
@@ -205,6 +206,6 @@ def scan_tensor(
         return found
 
     run: Callable[[tuple[int, int]], ChunkChanges] = one
-    chunks = tuple(executor.map(run, bounds) if executor else map(run, bounds))
+    chunks = tuple(map_jobs(executor, run, bounds))
     changed = sum(c.count for c in chunks)
     return TensorChanges(chunks, changed, all(c.collected for c in chunks))

@@ -37,6 +37,7 @@ from hotload.snapshot.codec.context_model import (
     write_model,
 )
 from hotload.snapshot.codec.dense import chunk_bounds
+from hotload.snapshot.codec.jobs import map_jobs
 from hotload.snapshot.codec.varint import Reader, write_varint
 from hotload.snapshot.limits import MAX_CHUNK_ELEMENTS
 
@@ -150,7 +151,7 @@ def encode(
         )
 
     indices = range(len(bounds))
-    streams = list(executor.map(one, indices)) if executor else [one(i) for i in indices]
+    streams = map_jobs(executor, one, indices)
     counts = [int(splits[i + 1] - splits[i]) for i in indices]
     return _assemble(chunk_elements, model, counts, streams)
 
@@ -192,7 +193,7 @@ def encode_changes(
         )
 
     indices = range(len(found.chunks))
-    streams = list(executor.map(one, indices)) if executor else [one(i) for i in indices]
+    streams = map_jobs(executor, one, indices)
     return _assemble(chunk_elements, model, [c.count for c in found.chunks], streams)
 
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import numpy as np
 
 from hotload.errors import DecodeFailed
 from hotload.snapshot.codec import changes, context, context_kernels, dense, sparse
 from hotload.snapshot.codec.context_model import MAX_CLASSES
+from hotload.snapshot.codec.jobs import map_jobs
 from hotload.snapshot.codec.transforms import apply_changes, zigzag_diff
 from hotload.snapshot.limits import DEFAULT_CHUNK_ELEMENTS, MAX_CHUNK_ELEMENTS
 from hotload.snapshot.manifest import CodecId
@@ -41,9 +42,6 @@ _PREFERENCE = (
     CodecId.DENSE_XOR,
     CodecId.RAW,
 )
-
-T = TypeVar("T")
-U = TypeVar("U")
 
 
 @dataclass(frozen=True)
@@ -73,12 +71,6 @@ class EncodedTensor:
     """Empty for ``unchanged``."""
     changed: int | None
     """Elements whose bits differ from the previous tensor (None for ``raw``)."""
-
-
-def _map(executor: Executor | None, fn: Callable[[U], T], items: Iterable[U]) -> list[T]:
-    if executor is None:
-        return [fn(item) for item in items]
-    return list(executor.map(fn, items))
 
 
 class WordBackend(Protocol):
@@ -179,7 +171,7 @@ def encode_tensor(
             )
             return dense.compress_chunk(made, level)
 
-        return dense.assemble(size, _map(executor, one, bounds))
+        return dense.assemble(size, map_jobs(executor, one, bounds))
 
     if old is None or not words.same_layout(new, old):
         return EncodedTensor(CodecId.RAW, dense_payload(CodecId.RAW), None)
@@ -219,9 +211,9 @@ def encode_tensor(
 
         candidates[CodecId.SPARSE] = sparse.assemble(
             size,
-            _map(executor, one_sparse, bounds)
+            map_jobs(executor, one_sparse, bounds)
             if found is None
-            else _map(executor, one_found, found.chunks),
+            else map_jobs(executor, one_found, found.chunks),
         )
     if CodecId.CONTEXT in allowed and fraction <= SPARSE_MAX_FRACTION:
         candidates[CodecId.CONTEXT] = _context_payload(
