@@ -50,6 +50,12 @@ ENV_POD_IP: Final = "POD_IP"
 ENV_NODE_NAME: Final = "NODE_NAME"
 ENV_DEPLOYMENT: Final = "HOTLOAD_DEPLOYMENT"
 ENV_ROOT: Final = "HOTLOAD_ROOT"
+ENV_ENGINE_HOST: Final = "HOTLOAD_ENGINE_HOST"
+"""Where the engine listens and the sidecar reaches it: set in both containers."""
+ENGINE_HOST: Final = "127.0.0.1"
+"""The engine's address in a rendered pod: the pod's loopback, so that its admin routes
+are reachable from inside the pod only (docs/security.md). The local pod runtime, whose
+pods share one network namespace, gives each pod its own IP here instead."""
 
 SIDECAR_PORT: Final = 8480
 REFERENCE_ENGINE_PORT: Final = 8000

@@ -1,8 +1,9 @@
 """``hotload engine reference|noop|fake-sglang|fake-vllm``: the engine container's command.
 
 ``reference`` serves a small transformers causal LM (see docs/engines.md) on
-``$POD_IP:<port>`` (all interfaces only when ``POD_IP`` is unset: nothing in a pod binds
-127.0.0.1). ``noop`` is the placeholder process of a ``noop`` engine container: it serves
+``$HOTLOAD_ENGINE_HOST:<port>`` (the pod's loopback in a rendered pod, so its admin routes
+are reachable from inside the pod only), else ``$POD_IP`` (all interfaces when neither is
+set). ``noop`` is the placeholder process of a ``noop`` engine container: it serves
 nothing and waits for SIGTERM. ``fake-sglang`` and ``fake-vllm`` answer like the released
 SGLang 0.5.23 and vLLM 0.33.0 servers (their routes, answers and quirks; tensors held, no
 model run), so the sidecar, the adapters and the pod runtime can be tested with those
@@ -51,8 +52,9 @@ def reference(
     host: str = typer.Option(
         "",
         "--host",
-        envvar="POD_IP",
-        help="Address to bind (default: $POD_IP; all interfaces when unset).",
+        envvar=["HOTLOAD_ENGINE_HOST", "POD_IP"],
+        help="Address to bind (default: $HOTLOAD_ENGINE_HOST, else $POD_IP; all interfaces "
+        "when neither is set).",
     ),
     model_config: str = typer.Option(
         "tiny",

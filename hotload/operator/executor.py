@@ -21,6 +21,7 @@ from kubernetes_asyncio.client import (
     AppsV1Api,
     CoreV1Api,
     CustomObjectsApi,
+    NetworkingV1Api,
     RbacAuthorizationV1Api,
 )
 
@@ -75,6 +76,7 @@ class KubeExecutor:
         self._core: Any = CoreV1Api(api)
         self._apps: Any = AppsV1Api(api)
         self._rbac: Any = RbacAuthorizationV1Api(api)
+        self._networking: Any = NetworkingV1Api(api)
         self._custom: Any = CustomObjectsApi(api)
 
     async def reconnect(self) -> None:
@@ -170,6 +172,10 @@ class KubeExecutor:
                 call = self._core.patch_namespaced_service_account(name, namespace, body, **options)
             elif kind == "RoleBinding":
                 call = self._rbac.patch_namespaced_role_binding(name, namespace, body, **options)
+            elif kind == "NetworkPolicy":
+                call = self._networking.patch_namespaced_network_policy(
+                    name, namespace, body, **options
+                )
             else:
                 raise KubeError("the operator does not manage this kind", kind=kind)
             return await read_json(call)

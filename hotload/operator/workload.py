@@ -1,4 +1,5 @@
-"""Render a RolloutDeployment's Kubernetes objects: StatefulSet, Service, sidecar RBAC.
+"""Render a RolloutDeployment's Kubernetes objects: StatefulSet, Service, NetworkPolicy,
+sidecar RBAC.
 
 A pure planner (CONVENTIONS.md, "LWS / kueue"): the deployment in, plain Kubernetes objects out, no
 API calls. The operator applies them; until it exists the demo and the tests do. The pod
@@ -76,8 +77,9 @@ def engine_command(deployment: RolloutDeployment) -> list[str]:
     """The engine container's command for each engine kind."""
     engine = deployment.spec.engine
     port = str(engine.port)
+    host = f"$({contract.ENV_ENGINE_HOST})"
     if engine.kind is EngineKind.REFERENCE:
-        return ["hotload", "engine", "reference", "--port", port, *engine.args]
+        return ["hotload", "engine", "reference", "--host", host, "--port", port, *engine.args]
     if engine.kind is EngineKind.NOOP:
         return ["hotload", "engine", "noop", "--port", port, *engine.args]
     keys = engine.keys_secret_ref is not None
@@ -86,7 +88,7 @@ def engine_command(deployment: RolloutDeployment) -> list[str]:
             "python3", "-m", "sglang.launch_server",
             "--model-path", deployment.spec.model.name,
             "--served-model-name", deployment.spec.model.served_name,
-            "--host", "$(POD_IP)", "--port", port,
+            "--host", host, "--port", port,
             *(["--api-key", f"$({ENV_ENGINE_API_KEY})",
                 "--admin-api-key", f"$({ENV_ENGINE_ADMIN_API_KEY})"] if keys else []),
             *engine.args,
@@ -94,7 +96,7 @@ def engine_command(deployment: RolloutDeployment) -> list[str]:
     return [
         "vllm", "serve", deployment.spec.model.name,
         "--served-model-name", deployment.spec.model.served_name,
-        "--host", "$(POD_IP)", "--port", port,
+        "--host", host, "--port", port,
         *(["--api-key", f"$({ENV_ENGINE_API_KEY})"] if keys else []),
         *engine.args,
     ]  # fmt: skip
@@ -120,9 +122,14 @@ def engine_key_env(deployment: RolloutDeployment) -> list[KubeObject]:
     return env
 
 
+def _engine_host_env() -> KubeObject:
+    """The engine's address, the same in both containers: the pod's loopback."""
+    return {"name": contract.ENV_ENGINE_HOST, "value": contract.ENGINE_HOST}
+
+
 def _engine_env(deployment: RolloutDeployment) -> list[KubeObject]:
     kind = deployment.spec.engine.kind
-    env = [_field_env(contract.ENV_POD_IP, "status.podIP"), *engine_key_env(deployment)]
+    env = [_engine_host_env(), *engine_key_env(deployment)]
     if kind is EngineKind.VLLM:
         # The reload, pause and version routes exist only in dev mode (engine-facts.md).
         env += [
@@ -136,23 +143,15 @@ def _engine_env(deployment: RolloutDeployment) -> list[KubeObject]:
     return env
 
 
-def _engine_probe_path(kind: EngineKind) -> str:
-    """SGLang's /ready does not generate (its /health does, and flaps during a swap)."""
-    return "/ready" if kind is EngineKind.SGLANG else "/health"
-
-
 def engine_container(deployment: RolloutDeployment) -> KubeObject:
+    """The engine, listening on the pod's loopback: it declares no port and has no probe of
+    its own (a kubelet probes the pod's IP); the sidecar's ``/readyz`` asks its health."""
     engine = deployment.spec.engine
     container: KubeObject = {
         "name": "engine",
         "image": engine.image,
         "command": engine_command(deployment),
-        "ports": [{"name": "engine", "containerPort": engine.port}],
         "env": _engine_env(deployment),
-        "readinessProbe": {
-            "httpGet": {"path": _engine_probe_path(engine.kind), "port": engine.port},
-            "periodSeconds": 2,
-        },
         "volumeMounts": _staging_mount(),
     }
     if engine.resources:
@@ -168,6 +167,7 @@ def sidecar_container(deployment: RolloutDeployment) -> KubeObject:
         _field_env(contract.ENV_POD_IP, "status.podIP"),
         _field_env(contract.ENV_NODE_NAME, "spec.nodeName"),
         {"name": contract.ENV_DEPLOYMENT, "value": name},
+        _engine_host_env(),
     ]
     secret = deployment.spec.hot_load.credentials_secret_ref
     if secret is not None:
@@ -245,13 +245,21 @@ def _metadata(deployment: RolloutDeployment, name: str) -> KubeObject:
     return metadata
 
 
+def _owned(
+    deployment: RolloutDeployment, api_version: str, kind: str, spec: KubeObject
+) -> KubeObject:
+    """An object named after the deployment and owned by it."""
+    metadata = _metadata(deployment, deployment.metadata["name"])
+    return {"apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": spec}
+
+
 def stateful_set(deployment: RolloutDeployment) -> KubeObject:
     name = deployment.metadata["name"]
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": _metadata(deployment, name),
-        "spec": {
+    return _owned(
+        deployment,
+        "apps/v1",
+        "StatefulSet",
+        {
             "replicas": deployment.spec.replicas,
             "serviceName": name,
             # Replicas are interchangeable: start and stop them all at once.
@@ -259,21 +267,33 @@ def stateful_set(deployment: RolloutDeployment) -> KubeObject:
             "selector": {"matchLabels": selector_labels(name)},
             "template": pod_template(deployment),
         },
-    }
+    )
 
 
 def service(deployment: RolloutDeployment) -> KubeObject:
-    """The inference front of the region: the sidecars' OpenAI-compatible port."""
-    name = deployment.metadata["name"]
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _metadata(deployment, name),
-        "spec": {
-            "selector": selector_labels(name),
-            "ports": [{"name": "http", "port": contract.SIDECAR_PORT, "targetPort": "http"}],
-        },
+    """The inference front of the region: the sidecars' OpenAI-compatible port, and no other
+    (the engine's port is the pod's own)."""
+    spec = {
+        "selector": selector_labels(deployment.metadata["name"]),
+        "ports": [{"name": "http", "port": contract.SIDECAR_PORT, "targetPort": "http"}],
     }
+    return _owned(deployment, "v1", "Service", spec)
+
+
+def network_policy(deployment: RolloutDeployment) -> KubeObject:
+    """Ingress to the replicas on the front's port only (docs/security.md).
+
+    The engine listens on the pod's loopback already; this keeps it so where a
+    ``spec.engine.args`` or an engine's own default binds it wider, and closes every other
+    port the pod's containers might open. Egress is left open: the sidecar reads its bucket
+    and the API server, wherever those are.
+    """
+    spec = {
+        "podSelector": {"matchLabels": selector_labels(deployment.metadata["name"])},
+        "policyTypes": ["Ingress"],
+        "ingress": [{"ports": [{"protocol": "TCP", "port": contract.SIDECAR_PORT}]}],
+    }
+    return _owned(deployment, "networking.k8s.io/v1", "NetworkPolicy", spec)
 
 
 def sidecar_rbac(
@@ -321,5 +341,11 @@ def sidecar_rbac(
 def render_workload(
     deployment: RolloutDeployment, cluster_role: str | None = None
 ) -> list[KubeObject]:
-    """Every object a deployment needs, in apply order (RBAC first, pods last)."""
-    return [*sidecar_rbac(deployment, cluster_role), service(deployment), stateful_set(deployment)]
+    """Every object a deployment needs, in apply order (RBAC and the network policy first,
+    pods last)."""
+    return [
+        *sidecar_rbac(deployment, cluster_role),
+        network_policy(deployment),
+        service(deployment),
+        stateful_set(deployment),
+    ]

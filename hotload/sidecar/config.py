@@ -15,6 +15,7 @@ from typing import Any
 
 from hotload.api.pod import (
     ENV_DEPLOYMENT,
+    ENV_ENGINE_HOST,
     ENV_NODE_NAME,
     ENV_POD_IP,
     ENV_POD_NAME,
@@ -38,7 +39,10 @@ class AgentConfig:
     deployment: str
     """The RolloutDeployment's name (``HOTLOAD_DEPLOYMENT``)."""
     pod_ip: str | None = None
-    """Address to bind and to reach the engine at; None binds all interfaces (no 127.0.0.1)."""
+    """Address to bind; None binds all interfaces (no 127.0.0.1)."""
+    engine_address: str | None = None
+    """Where the engine listens (``HOTLOAD_ENGINE_HOST``: loopback in a rendered pod);
+    None: the pod's IP."""
     node_name: str | None = None
     credentials: StorageCredentials | None = None
     """Bucket credentials from the deployment's Secret (boto3's names, read by the shell);
@@ -99,8 +103,8 @@ class AgentConfig:
 
     @property
     def engine_host(self) -> str:
-        """Where the engine listens: the pod's IP (the pod contract), loopback-free."""
-        return self.pod_ip or "0.0.0.0"
+        """Where the engine listens: ``HOTLOAD_ENGINE_HOST``, else the pod's IP."""
+        return self.engine_address or self.pod_ip or "0.0.0.0"
 
 
 def config_from_pod_env(env: Mapping[str, str], **settings: Any) -> AgentConfig:
@@ -128,6 +132,7 @@ def config_from_pod_env(env: Mapping[str, str], **settings: Any) -> AgentConfig:
         namespace=env[ENV_POD_NAMESPACE],
         deployment=env[ENV_DEPLOYMENT],
         pod_ip=env.get(ENV_POD_IP) or None,
+        engine_address=env.get(ENV_ENGINE_HOST) or None,
         node_name=env.get(ENV_NODE_NAME) or None,
         credentials=credentials,
         root=root_from(env.get(ENV_ROOT)),

@@ -22,7 +22,10 @@ fake_vllm_app = typer.Typer(add_completion=False)
 def fake_sglang(
     port: int = typer.Option(30000, "--port", min=1, max=65535, help="Port to listen on."),
     host: str = typer.Option(
-        "", "--host", envvar="POD_IP", help="Address to bind (default: $POD_IP)."
+        "",
+        "--host",
+        envvar=["HOTLOAD_ENGINE_HOST", "POD_IP"],
+        help="Address to bind (default: $HOTLOAD_ENGINE_HOST, else $POD_IP).",
     ),
     model_path: str = typer.Option("/models/base", "--model-path", help="The launch model path."),
     served_model_name: str = typer.Option(
@@ -71,7 +74,10 @@ def fake_sglang(
 def fake_vllm(
     port: int = typer.Option(8000, "--port", min=1, max=65535, help="Port to listen on."),
     host: str = typer.Option(
-        "", "--host", envvar="POD_IP", help="Address to bind (default: $POD_IP)."
+        "",
+        "--host",
+        envvar=["HOTLOAD_ENGINE_HOST", "POD_IP"],
+        help="Address to bind (default: $HOTLOAD_ENGINE_HOST, else $POD_IP).",
     ),
     model: str = typer.Option("/models/base", "--model", help="The launch model."),
     served_model_name: str = typer.Option(

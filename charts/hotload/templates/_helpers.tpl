@@ -111,6 +111,10 @@ both ways). It never writes pods: the sidecars report on their own pods, it read
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [rolebindings]
   verbs: [get, list, watch, create, patch]
+# Each deployment's NetworkPolicy: ingress to its replicas on the front's port only.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, list, watch, create, patch]
 # Binding a sidecar's ServiceAccount to the sidecar ClusterRole without holding its rights.
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [clusterroles]

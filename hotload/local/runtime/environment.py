@@ -7,6 +7,9 @@ Order (later wins): a small base taken from the runtime's own environment (``PAT
 runtime's world: ``KUBECONFIG`` (the pod-bound token), ``KUBERNETES_SERVICE_HOST`` and
 ``_PORT`` (the apiserver on 127.0.0.1, never a ClusterIP) and ``HOTLOAD_ROOT``. Those
 last ones win because a pod written for a real cluster never means them for this host.
+One more is translated, not replaced: a loopback ``HOTLOAD_ENGINE_HOST`` (the engine
+listening inside its pod only) becomes the pod's own IP, because here every pod shares the
+host's network namespace and the pod's IP is the one loopback address that is its alone.
 
 ``$(VAR)`` in env values, command and args expands as in Kubernetes: a defined variable
 is replaced, ``$$`` is a literal ``$``, anything else stays as written. Pure functions:
@@ -15,11 +18,13 @@ Secrets and ConfigMaps come in already read (:class:`ApiSources`).
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from hotload.api.pod import ENV_ENGINE_HOST
 from hotload.errors import ContainerConfigInvalid
 
 #: Host variables a container inherits (a container image would set these itself).
@@ -210,7 +215,7 @@ def container_env(
         name = str(entry["name"])
         value_from = entry.get("valueFrom")
         if value_from is None:
-            env[name] = expand(str(entry.get("value", "")), env)
+            env[name] = _pod_local(name, expand(str(entry.get("value", "")), env), facts)
             continue
         value: str | None
         if "fieldRef" in value_from:
@@ -230,6 +235,21 @@ def container_env(
     env.update(world)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def _pod_local(name: str, value: str, facts: PodFacts) -> str:
+    """A loopback ``HOTLOAD_ENGINE_HOST`` is the pod's own IP here (module docstring)."""
+    return facts.pod_ip if name == ENV_ENGINE_HOST and _is_loopback(value) else value
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` names the pod's loopback (``localhost`` or a loopback address)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def container_argv(

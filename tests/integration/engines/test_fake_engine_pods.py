@@ -59,8 +59,6 @@ FAKE_COMMANDS = {
         "--token-interval", "0.01",
     ],
 }  # fmt: skip
-#: Where each fake answers "am I up" without a generation (SGLang's /health generates).
-PROBES = {EngineKind.SGLANG: "/ready", EngineKind.VLLM: "/health"}
 
 
 class PodHistory:
@@ -120,7 +118,6 @@ async def fake_replica(harness: SidecarHarness, kind: EngineKind, name: str) -> 
         for container in pod["spec"]["containers"]:
             if container["name"] == "engine":
                 container["command"] = list(FAKE_COMMANDS[kind])
-                container["readinessProbe"]["httpGet"]["path"] = PROBES[kind]
                 if kind is EngineKind.VLLM:
                     container["env"] += [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}]
         return pod

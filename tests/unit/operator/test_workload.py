@@ -5,15 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from hotload.api import EngineKind, RolloutDeployment
 from hotload.api import pod as contract
+from hotload.engines.sglang_adapter import SGLangEngine
 from hotload.operator.workload import (
     engine_command,
     label_selector,
+    network_policy,
     pod_template,
     render_workload,
+    selector_labels,
+    service,
     stateful_set,
 )
 
@@ -49,19 +54,47 @@ def test_noop_replicas_ask_for_the_shared_runtime() -> None:
     assert engine_command(deployment)[:3] == ["hotload", "engine", "noop"]
 
 
-def test_vllm_gets_its_dev_mode_routes_and_binds_the_pod_ip() -> None:
+def test_vllm_gets_its_dev_mode_routes_and_binds_the_pods_loopback() -> None:
     deployment = _example_deployment()
     deployment.spec.engine.kind = EngineKind.VLLM
     engine = pod_template(deployment)["spec"]["containers"][0]
     assert {"name": "VLLM_SERVER_DEV_MODE", "value": "1"} in engine["env"]
-    assert "$(POD_IP)" in engine["command"]
+    host = engine["command"].index("--host") + 1
+    assert engine["command"][host] == "$(HOTLOAD_ENGINE_HOST)"
+
+
+@pytest.mark.parametrize("kind", [EngineKind.REFERENCE, EngineKind.SGLANG, EngineKind.VLLM])
+def test_the_engine_listens_inside_its_pod_and_the_front_is_the_one_port(
+    kind: EngineKind,
+) -> None:
+    """Issue 22: the engines' admin ports were reachable from any pod. The engine binds the
+    pod's loopback (both containers agree on it), declares no port and has no probe a
+    kubelet would send to the pod IP; the Service and the NetworkPolicy name only 8480."""
+    deployment = _example_deployment()
+    deployment.spec.engine.kind = kind
+    deployment.spec.engine.keys_secret_ref = None
+    engine, sidecar = pod_template(deployment)["spec"]["containers"]
+    loopback = {"name": contract.ENV_ENGINE_HOST, "value": contract.ENGINE_HOST}
+
+    assert contract.ENGINE_HOST == "127.0.0.1"
+    assert loopback in engine["env"] and loopback in sidecar["env"]
+    assert engine["command"][engine["command"].index("--host") + 1] == "$(HOTLOAD_ENGINE_HOST)"
+    assert not {"ports", "readinessProbe", "livenessProbe", "startupProbe"} & set(engine)
+    assert sidecar["ports"] == [{"name": "http", "containerPort": contract.SIDECAR_PORT}]
+    assert [p["port"] for p in service(deployment)["spec"]["ports"]] == [contract.SIDECAR_PORT]
+    policy = network_policy(deployment)["spec"]
+    assert policy["podSelector"] == {"matchLabels": selector_labels("demo")}
+    assert policy["policyTypes"] == ["Ingress"]
+    assert policy["ingress"] == [{"ports": [{"protocol": "TCP", "port": contract.SIDECAR_PORT}]}]
 
 
 def test_workload_is_rbac_then_service_then_statefulset_with_owner_refs() -> None:
     deployment = _example_deployment()
     deployment.metadata.update(namespace="team-a", uid="1234")
     kinds = [o["kind"] for o in render_workload(deployment)]
-    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "Service", "StatefulSet"]
+    assert kinds == [
+        "ServiceAccount", "Role", "RoleBinding", "NetworkPolicy", "Service", "StatefulSet"
+    ]  # fmt: skip
     sts = stateful_set(deployment)
     assert sts["metadata"]["ownerReferences"][0]["uid"] == "1234"
     assert sts["spec"]["replicas"] == 2
@@ -74,7 +107,7 @@ def test_sglang_is_probed_on_ready_and_its_health_does_not_generate() -> None:
     deployment = _example_deployment()
     deployment.spec.engine.kind = EngineKind.SGLANG
     engine = pod_template(deployment)["spec"]["containers"][0]
-    assert engine["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert SGLangEngine.health_path == "/ready", "the sidecar's /readyz asks this"
     assert {"name": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "value": "0"} in engine["env"]
 
 

@@ -160,6 +160,29 @@ def test_values_expand_earlier_variables_and_the_runtime_world_wins() -> None:
     assert "SECRET_TOKEN" not in env, "the runtime's own environment must not leak into pods"
 
 
+@pytest.mark.parametrize("written", ["127.0.0.1", "localhost", "::1"])
+def test_the_engines_loopback_is_the_pods_own_ip_here(written: str) -> None:
+    """Pods share the host's network namespace locally: an engine told to listen on its
+    pod's loopback gets the pod's IP (its own), and so does everything that names it."""
+    container = {
+        "name": "engine",
+        "env": [
+            {"name": "HOTLOAD_ENGINE_HOST", "value": written},
+            {"name": "URL", "value": "http://$(HOTLOAD_ENGINE_HOST):8000"},
+            {"name": "OTHER_HOST", "value": "127.0.0.1"},
+        ],
+    }
+    env = _env(container)
+    assert env["HOTLOAD_ENGINE_HOST"] == "127.101.1.7"
+    assert env["URL"] == "http://127.101.1.7:8000"
+    assert env["OTHER_HOST"] == "127.0.0.1", "only the engine's address is translated"
+
+
+def test_an_engine_host_that_is_not_loopback_is_kept() -> None:
+    container = {"name": "engine", "env": [{"name": "HOTLOAD_ENGINE_HOST", "value": "0.0.0.0"}]}
+    assert _env(container)["HOTLOAD_ENGINE_HOST"] == "0.0.0.0"
+
+
 def test_argv_expands_variables_and_runs_our_console_script() -> None:
     container = {"command": ["hotload", "engine", "reference"], "args": ["--port", "$(PORT)"]}
     argv = container_argv(container, {"PORT": "8000"}, "/venv/bin/hotload")
