@@ -74,7 +74,7 @@ PODS_PER_NODE = 240
 MIN_SNAPSHOTS = 10
 MIN_SAMPLES = 1000
 TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
-CHART = hotload_chart.ChartRelease(watch_namespaces=("hl-*",))
+CHART = hotload_chart.ChartRelease(watch_namespaces=("hl-*",), cluster_wide=True)
 GROUP, VERSION = API_VERSION.split("/")
 
 

@@ -75,7 +75,10 @@ class ChartRelease:
     release: str = RELEASE
     namespace: str = NAMESPACE
     watch_namespaces: tuple[str, ...] = ()
-    """Names or kopf globs; empty: every namespace."""
+    """Names (kopf globs too when ``cluster_wide``); empty: the release's namespace, or with
+    ``cluster_wide`` every namespace."""
+    cluster_wide: bool = False
+    """The chart's explicit cluster-wide mode (one ClusterRole; writes in every namespace)."""
     values: Mapping[str, Any] = field(default_factory=dict)
     """More values, merged over the local ones."""
 
@@ -100,9 +103,18 @@ class ChartRelease:
         """The values for a local region: the fake nodes' toleration, the watched namespaces."""
         local = {
             "watchNamespaces": list(self.watch_namespaces),
+            "clusterWide": {"enabled": self.cluster_wide},
             "operator": {"tolerations": [dict(t) for t in LOCAL_TOLERATIONS]},
         }
         return _merge(local, self.values)
+
+    @property
+    def role_namespaces(self) -> tuple[str, ...]:
+        """The namespaces the chart gives the operator a Role in (none in cluster-wide mode):
+        they must exist before the install."""
+        if self.cluster_wide:
+            return ()
+        return self.watch_namespaces or (self.namespace,)
 
 
 def helm_argv(region: Region, *args: str) -> list[str]:
@@ -157,6 +169,8 @@ def install(
     """``helm upgrade --install`` the chart into every region at once (CRDs first, as helm
     does; existing CRDs are left as they are). Returns the release it installed."""
     chart = chart or ChartRelease()
+    for region in regions:
+        _create_namespaces(region, chart.role_namespaces)
     with tempfile.TemporaryDirectory(prefix="hotload-chart-") as scratch:
         values = Path(scratch) / "values.yaml"
         values.write_text(yaml.safe_dump(chart.local_values(), sort_keys=False))
@@ -169,6 +183,26 @@ def install(
         argv = {region.name: helm_argv(region, *command) for region in regions}
         _run_everywhere(regions, argv, "upgrade --install", timeout_s + 30)
     return chart
+
+
+def _create_namespaces(region: Region, names: Sequence[str]) -> None:
+    """``kubectl create namespace`` for each, as a user does before the install (existing
+    ones are kept)."""
+    if not names:
+        return
+    with api_client(region) as api:
+        core = k8s.CoreV1Api(api)
+        for name in names:
+            try:
+                core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
+            except ApiException as err:
+                if err.status != 409:
+                    raise ChartInstallFailed(
+                        "could not create a namespace the operator is to watch",
+                        region=region.name,
+                        namespace=name,
+                        status=err.status,
+                    ) from err
 
 
 def uninstall(

@@ -48,7 +48,8 @@ from hotload.api.conditions import CHAIN_VALID, DEGRADED, ConditionStatus
 from hotload.api.kinds import Identity
 from hotload.api.reasons import CHAIN_BREAKING_REASONS
 from hotload.errors import HotloadError, LocalRegionError
-from hotload.local import chart, replication, wan
+from hotload.local import replication, wan
+from hotload.local.chart import ChartRelease
 from hotload.local.corruption import CorruptingBucket, corrupting_opener
 from hotload.local.demo_region import RegionSession
 from hotload.local.fleets import FleetSpec, apply_fleet, complete
@@ -105,8 +106,13 @@ class DemoSettings:
     wan_rate_kb_s: int = 20_000
     wan_latency_ms: int = 40
     ready_timeout_s: float = 600.0
-    chart: chart.ChartRelease = field(default_factory=chart.ChartRelease)
-    """The release installed into every region (default: the operator watches everything)."""
+    chart: ChartRelease | None = None
+    """The release installed into every region (default: the chart's defaults, the operator
+    watching ``namespace`` only, with a Role there)."""
+
+    @property
+    def release(self) -> ChartRelease:
+        return self.chart or ChartRelease(watch_namespaces=(self.namespace,))
 
 
 @dataclass
@@ -201,14 +207,14 @@ def bring_up_regions(settings: DemoSettings, say: Say) -> LocalRegions:
         f"a bucket (MinIO) behind a WAN link ({settings.wan_rate_kb_s:,} KB/s, "
         f"{settings.wan_latency_ms} ms), buckets replicating to each other …"
     )
-    say(f"helm install {settings.chart.release} charts/hotload into each region …")
+    say(f"helm install {settings.release.release} charts/hotload into each region …")
     started = time.monotonic()
     regions = bring_up(
         names,
         addons=addons,
         state_dir=settings.state_dir,
         index_base=settings.index_base,
-        chart=settings.chart,
+        chart=settings.release,
     )
     if not all(region.addons.object_storage for region in regions.regions):
         raise LocalRegionError(
@@ -217,8 +223,8 @@ def bring_up_regions(settings: DemoSettings, say: Say) -> LocalRegions:
         )
     say(
         f"  hotload operator available in every region ({time.monotonic() - started:.0f} s): "
-        f"deploy/{settings.chart.operator_deployment} in {settings.chart.namespace}, "
-        f"{settings.chart.operator_replicas} replicas peering"
+        f"deploy/{settings.release.operator_deployment} in {settings.release.namespace}, "
+        f"{settings.release.operator_replicas} replicas peering"
     )
     # The publisher finds each region's bucket credentials by kube context (a profile each).
     os.environ["AWS_SHARED_CREDENTIALS_FILE"] = str(regions.aws_credentials_file)

@@ -67,17 +67,32 @@ hotload-sidecar
 {{- end }}
 
 {{/*
-"true" when the operator needs cluster-wide rights on namespaced resources: it watches
-all namespaces, or some entry is a kopf glob or exclusion (`*`, `?`, `!`, `[`, `,`).
+"true" when the operator holds its namespaced rights cluster-wide: only when the user says
+so (`clusterWide.enabled`). Least privilege otherwise: Roles in the namespaces it watches,
+which are plain names; a kopf glob or exclusion (`*`, `?`, `!`, `[`, `,`) without
+`clusterWide.enabled` fails the install, naming what cluster-wide would grant.
 */}}
 {{- define "hotload.clusterScoped" -}}
-{{- $cluster := not .Values.watchNamespaces }}
+{{- if not .Values.clusterWide.enabled }}
 {{- range .Values.watchNamespaces }}
 {{- if regexMatch "[*?!\\[,]" . }}
-{{- $cluster = true }}
+{{- fail (printf "watchNamespaces: %q is a pattern, which only the cluster-wide mode can watch. Name the namespaces, or set clusterWide.enabled=true: the operator may then create and patch StatefulSets, Services, ServiceAccounts, RoleBindings and NetworkPolicies in every namespace (docs/chart.md)" .) }}
 {{- end }}
 {{- end }}
-{{- ternary "true" "false" $cluster }}
+{{- end }}
+{{- ternary "true" "false" (.Values.clusterWide.enabled | default false) }}
+{{- end }}
+
+{{/*
+The namespaces the operator gets a Role in (Role mode): the names given, else the release's
+own namespace.
+*/}}
+{{- define "hotload.watchedNamespaces" -}}
+{{- if .Values.watchNamespaces }}
+{{- toJson .Values.watchNamespaces }}
+{{- else }}
+{{- toJson (list .Release.Namespace) }}
+{{- end }}
 {{- end }}
 
 {{/*

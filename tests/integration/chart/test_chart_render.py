@@ -25,8 +25,11 @@ from tests.integration.chart.rendering import Manifest, find, helm, one, render
 NAMESPACED_RESOURCES = {
     "rolloutdeployments", "policysnapshots", "rolloutdeployments/status",
     "policysnapshots/status", "pods", "statefulsets", "services", "serviceaccounts",
-    "rolebindings", "clusterroles", "events",
+    "rolebindings", "networkpolicies", "clusterroles", "events",
 }  # fmt: skip
+#: What the operator holds cluster-wide in the default mode: reads for kopf and its peering.
+CLUSTER_RESOURCES = {"customresourcedefinitions", "namespaces", "clusterkopfpeerings"}
+CLUSTER_WIDE = {"clusterWide": {"enabled": True}}
 
 
 def _container(objects: list[Manifest]) -> Manifest:
@@ -55,7 +58,8 @@ def test_operator_runs_hotload_operator_with_peering_and_its_pod_identity(tmp_pa
     assert deployment["spec"]["replicas"] == ChartRelease().operator_replicas == 2
     assert container["command"] == ["hotload", "operator"]
     assert container["args"] == [
-        "--all-namespaces", "--peering", "hotload", "--port", "8080", "--log-format", "json",
+        "--namespace", "hotload-system",
+        "--peering", "hotload", "--port", "8080", "--log-format", "json",
     ]  # fmt: skip
     env = {
         e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
@@ -77,18 +81,52 @@ def test_probes_ask_the_operators_health_endpoint_on_its_port(tmp_path: Path) ->
 
 
 def test_watched_namespaces_become_operator_arguments(tmp_path: Path) -> None:
-    container = _container(render(tmp_path, {"watchNamespaces": ["hl-*", "team-a"]}))
+    named = _container(render(tmp_path, {"watchNamespaces": ["team-a", "team-b"]}))
+    patterns = _container(render(tmp_path, {"watchNamespaces": ["hl-*", "x"], **CLUSTER_WIDE}))
+    everything = _container(render(tmp_path, CLUSTER_WIDE))
 
-    assert container["args"][:4] == ["--namespace", "hl-*", "--namespace", "team-a"]
-    assert "--all-namespaces" not in container["args"]
+    assert named["args"][:4] == ["--namespace", "team-a", "--namespace", "team-b"]
+    assert patterns["args"][:4] == ["--namespace", "hl-*", "--namespace", "x"]
+    assert everything["args"][0] == "--all-namespaces"
+    assert "--all-namespaces" not in named["args"] + patterns["args"]
 
 
-def test_globs_need_a_cluster_role_for_the_namespaced_rights(tmp_path: Path) -> None:
-    objects = render(tmp_path, {"watchNamespaces": ["hl-*"]})
+def test_the_default_install_writes_only_in_its_own_namespace(tmp_path: Path) -> None:
+    """Issue 22: `watchNamespaces: []` gave the operator create on StatefulSets in every
+    namespace through a ClusterRole. The default is a Role in the release's namespace."""
+    objects = render(tmp_path)
 
     cluster_role = one(objects, "ClusterRole", "hotload-operator-cluster")
-    assert _resources(cluster_role["rules"]) >= NAMESPACED_RESOURCES
+    assert _resources(cluster_role["rules"]) == CLUSTER_RESOURCES
+    (role,) = find(objects, "Role", "hotload-operator")
+    assert role["metadata"]["namespace"] == "hotload-system"
+    assert _resources(role["rules"]) == NAMESPACED_RESOURCES
+    (binding,) = find(objects, "RoleBinding", "hotload-operator")
+    assert binding["metadata"]["namespace"] == "hotload-system"
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "hotload-operator"
+    }  # fmt: skip
+
+
+def test_the_cluster_wide_mode_is_one_cluster_role_and_only_on_request(tmp_path: Path) -> None:
+    objects = render(tmp_path, {"watchNamespaces": ["hl-*"], **CLUSTER_WIDE})
+
+    cluster_role = one(objects, "ClusterRole", "hotload-operator-cluster")
+    assert _resources(cluster_role["rules"]) == NAMESPACED_RESOURCES | CLUSTER_RESOURCES
     assert not find(objects, "Role")
+
+
+@pytest.mark.parametrize("pattern", ["hl-*", "!kube-system", "team-?", "a,b"])
+def test_a_pattern_without_the_cluster_wide_mode_fails_saying_what_it_would_grant(
+    tmp_path: Path, pattern: str
+) -> None:
+    done = helm(
+        "template", "hotload", str(chart_path()), values={"watchNamespaces": [pattern]},
+        tmp=tmp_path,
+    )  # fmt: skip
+
+    assert done.returncode != 0
+    assert "clusterWide.enabled=true" in done.stderr and "StatefulSets" in done.stderr
 
 
 def test_plain_namespace_names_get_roles_there_and_nothing_cluster_wide(tmp_path: Path) -> None:
@@ -110,8 +148,13 @@ def test_plain_namespace_names_get_roles_there_and_nothing_cluster_wide(tmp_path
         ]
 
 
-def test_operator_never_writes_pods_and_binds_only_the_sidecar_role(tmp_path: Path) -> None:
-    rules = one(render(tmp_path), "ClusterRole", "hotload-operator-cluster")["rules"]
+@pytest.mark.parametrize("values", [{}, CLUSTER_WIDE], ids=["default", "cluster-wide"])
+def test_operator_never_writes_pods_and_binds_only_the_sidecar_role(
+    tmp_path: Path, values: dict[str, Any]
+) -> None:
+    objects = render(tmp_path, values)
+    roles = find(objects, "ClusterRole", "hotload-operator-cluster") + find(objects, "Role")
+    rules = [rule for role in roles for rule in role["rules"]]
 
     pod_verbs = {v for r in rules if "pods" in r.get("resources", []) for v in r["verbs"]}
     assert pod_verbs == {"get", "list", "watch"}
@@ -203,6 +246,8 @@ def test_the_local_installer_names_the_deployment_as_the_chart_does(
         ({"watchNamespace": ["hl-*"]}, "watchNamespace"),
         ({"operator": {"replicas": 0}}, "replicas"),
         ({"watchNamespaces": ["Bad_Name"]}, "watchNamespaces"),
+        ({"clusterWide": True}, "clusterWide"),
+        ({"clusterWide": {"enabled": "yes"}}, "enabled"),
         ({"admissionPolicy": {"validationActions": ["Block"]}}, "validationActions"),
         ({"operator": {"logFormat": "xml"}}, "logFormat"),
         ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),

@@ -1,13 +1,15 @@
 """helm install, upgrade and uninstall of the chart behave as users expect, with the real helm
 against a real apiserver and the operator's pods run by the pod runtime.
 
-A second, small release (one operator replica watching only its own namespace, so its rights
-are Roles there; no sidecar ClusterRole: the session's release owns that one) goes through
-its whole life in one region. It would catch Roles that grant too little or leak outside the
-watched namespace, an upgrade that does not roll the operator, a release that leaves
-cluster-wide objects behind (its ClusterRoles, peering object, admission policy), and an
-uninstall that takes the CRDs, and with them every user's RolloutDeployments and
-PolicySnapshots, away.
+A second, small release with the chart's default scope (one operator replica; no
+`watchNamespaces`, so it watches its own namespace with a Role there; no sidecar ClusterRole:
+the session's release owns that one) goes through its whole life in one region. It would
+catch Roles that grant too little or leak outside the watched namespace (an `auth can-i`
+matrix of every write, and a server dry-run of a kube-system StatefulSet running as a
+controller's ServiceAccount, which issue 22 saw accepted with the default install), an
+upgrade that does not roll the operator, a release that leaves cluster-wide objects behind
+(its ClusterRoles, peering object, admission policy), and an uninstall that takes the CRDs,
+and with them every user's RolloutDeployments and PolicySnapshots, away.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import secrets
 import subprocess
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 import pytest
@@ -32,6 +35,11 @@ from tests.integration.chart.objects import idle_deployment_body
 pytestmark = pytest.mark.cluster
 
 GONE_TIMEOUT_S = 120.0
+#: What the operator creates and patches for each RolloutDeployment.
+OWNED = (
+    "statefulsets.apps", "services", "serviceaccounts",
+    "rolebindings.rbac.authorization.k8s.io", "networkpolicies.networking.k8s.io",
+)  # fmt: skip
 
 
 def _exists(read: Callable[[], object]) -> bool:
@@ -85,18 +93,74 @@ def _operator_env(api: k8s.ApiClient, release: hotload_chart.ChartRelease) -> li
     ]
 
 
+#: Every write the operator makes in a namespace it watches (and nowhere else).
+WRITES = [
+    *(("create", r) for r in OWNED),
+    *(("patch", r) for r in OWNED),
+    ("patch", "rolloutdeployments.hotload.dev"),
+    ("patch", "rolloutdeployments.hotload.dev/status"),
+    ("patch", "policysnapshots.hotload.dev/status"),
+    ("delete", "policysnapshots.hotload.dev"),
+    ("create", "events"),
+]
+
+
+def _can(kubectl: Kubectl, region: Region, subject: str, verb: str, what: str, where: str) -> bool:
+    resource, _, sub = what.partition("/")
+    done = kubectl.run(
+        "auth", "can-i", verb, resource, "-n", where, subject,
+        *([f"--subresource={sub}"] if sub else []), context=region.context,
+    )  # fmt: skip
+    assert done.returncode in (0, 1), done.stderr
+    return done.returncode == 0
+
+
+def _kube_system_statefulset() -> str:
+    """A StatefulSet in kube-system running as a controller's ServiceAccount (issue 22)."""
+    return json.dumps(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": "probe", "namespace": "kube-system"},
+            "spec": {
+                "serviceName": "probe",
+                "selector": {"matchLabels": {"app": "probe"}},
+                "template": {
+                    "metadata": {"labels": {"app": "probe"}},
+                    "spec": {
+                        "serviceAccountName": "generic-garbage-collector",
+                        "containers": [{"name": "c", "image": "registry.invalid/x:1"}],
+                    },
+                },
+            },
+        }
+    )
+
+
 def _assert_rights_only_in(
     kubectl: Kubectl, region: Region, release: hotload_chart.ChartRelease, watched: str, other: str
 ) -> None:
-    """Role mode on the real apiserver: rights in the watched namespace, none elsewhere, and
-    `bind` on the sidecar ClusterRole through a Role is enough for the operator's binding."""
+    """Role mode on the real apiserver: every write in the watched namespace, none in any
+    other (the test's, `default`, `kube-system`), a kube-system StatefulSet refused by the
+    server, and `bind` on the sidecar ClusterRole through a Role enough for the operator's
+    binding."""
     subject = f"--as=system:serviceaccount:{release.namespace}:{release.operator_deployment}"
-    for where, expected in ((watched, 0), (other, 1)):
-        done = kubectl.run(
-            "auth", "can-i", "watch", "rolloutdeployments.hotload.dev", "-n", where, subject,
-            context=region.context,
-        )  # fmt: skip
-        assert done.returncode == expected, f"watch in {where}: {done.stdout}{done.stderr}"
+    asks = [
+        (verb, what, where)
+        for where in (watched, other, "default", "kube-system")
+        for verb, what in [("watch", "rolloutdeployments.hotload.dev"), *WRITES]
+    ]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        allowed = pool.map(lambda ask: _can(kubectl, region, subject, *ask), asks)
+        answers = dict(zip(asks, allowed, strict=True))
+    missing = [k for k, allowed in answers.items() if k[2] == watched and not allowed]
+    excess = [k for k, allowed in answers.items() if k[2] != watched and allowed]
+    assert (missing, excess) == ([], []), f"lacks {missing}; must not have {excess}"
+    refused = kubectl.run(
+        "create", "--dry-run=server", "-f", "-", subject, context=region.context,
+        input=_kube_system_statefulset(),
+    )  # fmt: skip
+    assert refused.returncode != 0 and "forbidden" in refused.stderr.lower(), refused.stderr
     binding = kubectl.run(
         "create", "rolebinding", "probe", f"--clusterrole={SIDECAR_CLUSTER_ROLE}",
         f"--serviceaccount={watched}:probe-sidecar", "-n", watched, "--dry-run=server", subject,
@@ -129,8 +193,7 @@ def test_install_upgrade_uninstall_keeps_crds_and_leaves_nothing_else(
     release = hotload_chart.ChartRelease(
         release=name,
         namespace=name,
-        # A plain name: the operator's namespaced rights are a Role there, not a ClusterRole.
-        watch_namespaces=(name,),
+        # The default scope: the release's own namespace, with a Role there.
         values={"operator": {"replicas": 1}, "sidecar": {"createClusterRole": False}},
     )
 
@@ -144,7 +207,6 @@ def test_install_upgrade_uninstall_keeps_crds_and_leaves_nothing_else(
     upgraded = hotload_chart.ChartRelease(
         release=name,
         namespace=name,
-        watch_namespaces=release.watch_namespaces,
         values={
             "operator": {"replicas": 2, "logLevel": "debug"},
             "sidecar": {"createClusterRole": False},

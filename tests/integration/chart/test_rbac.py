@@ -1,5 +1,9 @@
 """Least privilege, proven on the real apiserver with the chart installed by helm.
 
+The session's release runs the chart's explicit cluster-wide mode (its tests need fresh
+`hl-*` namespaces); the default mode, Roles in the watched namespaces and no write anywhere
+else, is proven by tests/integration/chart/test_helm_lifecycle.py on a release of its own.
+
 `kubectl auth can-i` (impersonating each ServiceAccount) answers for every verb the operator
 and a sidecar need, and for the ones they must not have. It would catch a rule widened by
 accident (pods writable by the operator, secrets readable, any ClusterRole bindable, a
@@ -147,6 +151,28 @@ def test_operator_has_exactly_the_rights_it_needs(
 ) -> None:
     for region in local_regions.regions:
         _assert_matrix(kubectl, OPERATOR, OPERATOR_MAY, OPERATOR_MAY_NOT, region.context)
+
+
+def test_the_cluster_wide_mode_grants_what_docs_chart_md_says_it_does(
+    local_regions: LocalRegions, kubectl: Kubectl
+) -> None:
+    """docs/chart.md, "Cluster-wide mode": writes of owned kinds in every namespace, the
+    system's included, and still no pods, secrets or roles anywhere."""
+    owned = (
+        "statefulsets.apps",
+        "services",
+        "serviceaccounts",
+        "networkpolicies.networking.k8s.io",
+    )
+    may = [
+        Ask(verb, what, namespace="kube-system") for what in owned for verb in ("create", "patch")
+    ]
+    may_not = [
+        Ask("create", "pods", namespace="kube-system"),
+        Ask("get", "secrets", namespace="kube-system"),
+        Ask("create", "roles.rbac.authorization.k8s.io", namespace="kube-system"),
+    ]
+    _assert_matrix(kubectl, OPERATOR, may, may_not, local_regions.regions[0].context)
 
 
 @pytest.mark.parametrize(
