@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from hotload.api import GROUP, VERSION
 from hotload.api import pod as contract
-from hotload.api.conditions import AVAILABLE, DEGRADED, PROGRESSING, SNAPSHOT_READY
+from hotload.api.conditions import AVAILABLE, CHAIN_VALID, DEGRADED, PROGRESSING, SNAPSHOT_READY
 from hotload.api.kinds import Identity
 from hotload.api.labels import INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGED_BY_OPERATOR
 from hotload.api.policy_snapshot import PLURAL as SNAPSHOTS
@@ -63,6 +63,9 @@ class DeploymentRow:
     lag: int | None = None
     """Freshness lag: steps between the newest published snapshot (any region) and the
     oldest one a replica here serves (None when unknown)."""
+    waiting: dict[str, int] | None = None
+    """Why replicas are not at the target: each reason their pods report, and how many
+    (a storage outage, a full disk, a paused engine, a failure)."""
 
     @property
     def needs_attention(self) -> bool:
@@ -105,19 +108,60 @@ Newest = Mapping[tuple[str, str], int]
 
 
 def newest_steps(regions: Iterable[RegionObjects]) -> dict[tuple[str, str], int]:
-    """Across every region read: each deployment's newest published step (the trainer's
-    newest, as far as any region knows it)."""
+    """Across every region read: each deployment's newest step on its chain (the trainer's
+    newest, as far as any region knows it; see :func:`on_chain`)."""
     newest: dict[tuple[str, str], int] = {}
     for objects in regions:
+        chain = on_chain(objects.snapshots)
         for body in objects.snapshots:
             spec = body.get("spec") or {}
             step = spec.get("step")
             name = (spec.get("deploymentRef") or {}).get("name")
+            namespace = str(_meta(body).get("namespace") or "")
             if not isinstance(step, int) or not name:
                 continue
-            key = (str(_meta(body).get("namespace") or ""), str(name))
+            if (namespace, str(_meta(body).get("name"))) not in chain:
+                continue
+            key = (namespace, str(name))
             newest[key] = max(step, newest.get(key, step))
     return newest
+
+
+def on_chain(snapshots: Sequence[Body]) -> set[tuple[str, str]]:
+    """(namespace, name) of the snapshots a deployment's replicas can reach: not marked
+    broken (``ChainValid=False``), and complete (Full, LoRA) or an Incremental whose
+    previous is itself on the chain here. An orphan — a delta whose previous this region
+    never saw, or one past a break — is not the trainer's progress, and counting it made one
+    stray snapshot show as a lag of 882 steps (issue 22)."""
+    bodies = {(str(_meta(b).get("namespace") or ""), str(_meta(b).get("name"))): b
+              for b in snapshots}  # fmt: skip
+    verdict: dict[tuple[str, str], bool] = {}
+
+    def reachable(key: tuple[str, str]) -> bool:
+        path: list[tuple[str, str]] = []
+        while key not in verdict:
+            body = bodies.get(key)
+            spec = (body.get("spec") or {}) if body is not None else {}
+            previous = (spec.get("incremental") or {}).get("previousIdentity")
+            status: Body = (body.get("status") or {}) if body is not None else {}
+            if (
+                body is None
+                or key in path
+                or _condition(status, CHAIN_VALID).get("status") == ("False")
+            ):
+                verdict[key] = False
+            elif spec.get("kind") != "Incremental" or not previous:
+                verdict[key] = True
+            else:
+                path.append(key)
+                key = (key[0], str(previous))
+                continue
+            break
+        for step in path:
+            verdict[step] = verdict[key]
+        return verdict[key]
+
+    return {key for key in bodies if reachable(key)}
 
 
 def _lag(newest: Newest | None, key: tuple[str, str], served: int | None) -> int | None:
@@ -128,6 +172,7 @@ def _lag(newest: Newest | None, key: tuple[str, str], served: int | None) -> int
 def deployment_rows(objects: RegionObjects, newest: Newest | None = None) -> list[DeploymentRow]:
     """One row per RolloutDeployment; ``newest`` (see :func:`newest_steps`) adds the lag."""
     served_steps = _served_steps(objects)
+    waiting = _waiting(objects)
     rows = []
     for body in objects.deployments:
         status: Body = body.get("status") or {}
@@ -156,9 +201,31 @@ def deployment_rows(objects: RegionObjects, newest: Newest | None = None) -> lis
                 message=str(attention.get("message") or ""),
                 newest_step=(newest or {}).get(_key(body)),
                 lag=_lag(newest, _key(body), min(served_steps.get(_key(body), []), default=None)),
+                waiting=waiting.get(_key(body)) or None,
             )
         )
     return sort_deployments(rows)
+
+
+def _why(notes: Body) -> tuple[str | None, str | None]:
+    """The reason and message a replica's pod gives for not being at its target (Failed,
+    or Loading while it retries: storage unavailable, disk full, engine paused, …)."""
+    if notes.get(contract.ANNOTATION_STATE) == "Ready":
+        return None, None
+    return notes.get(contract.ANNOTATION_REASON), notes.get(contract.ANNOTATION_MESSAGE)
+
+
+def _waiting(objects: RegionObjects) -> dict[tuple[str, str], dict[str, int]]:
+    """(namespace, deployment) → each reason its replicas give for not being at the target."""
+    counts: dict[tuple[str, str], dict[str, int]] = {}
+    for body in objects.pods:
+        meta = _meta(body)
+        reason, _ = _why(meta.get("annotations") or {})
+        if reason:
+            owner = str((meta.get("labels") or {}).get(INSTANCE_LABEL) or "")
+            mine = counts.setdefault((str(meta.get("namespace") or ""), owner), {})
+            mine[reason] = mine.get(reason, 0) + 1
+    return counts
 
 
 def _key(body: Body) -> tuple[str, str]:
@@ -228,7 +295,7 @@ def replica_rows(
             if isinstance(target_step, int) and served_step is not None
             else None
         )
-        failed = notes.get(contract.ANNOTATION_STATE) == "Failed"
+        reason, message = _why(notes)
         rows.append(
             ReplicaRow(
                 region=objects.region,
@@ -241,8 +308,8 @@ def replica_rows(
                 since=notes.get(contract.ANNOTATION_SINCE),
                 via=notes.get(contract.ANNOTATION_VIA),
                 behind=behind,
-                reason=notes.get(contract.ANNOTATION_REASON) if failed else None,
-                message=notes.get(contract.ANNOTATION_MESSAGE) if failed else None,
+                reason=reason,
+                message=message,
                 lag=_lag(newest, (namespace, owner), served_step),
             )
         )

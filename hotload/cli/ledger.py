@@ -40,7 +40,8 @@ def ledger(
     kubeconfig: Path | None = typer.Option(None, "--kubeconfig", help=KUBECONFIG_HELP),
     output: OutputFormat = typer.Option(OutputFormat.TABLE, "--output", "-o"),
 ) -> None:
-    """Per replica: what it serves, its state, since when, how, and why it failed.
+    """Per replica: what it serves, its state, since when, how, and why it is not at the
+    target (its pod's reason: a failure, or what a retry waits on).
 
     BEHIND counts steps to the region's target; LAG to the newest snapshot published for
     the deployment in any region given (the freshness lag). Failed and lagging replicas

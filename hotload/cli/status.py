@@ -24,7 +24,7 @@ from hotload.cli.output import OutputFormat, emit, print_table
 app = typer.Typer()
 
 COLUMNS = ["REGION", "NAMESPACE", "DEPLOYMENT", "READY", "UPDATED", "TARGET", "CURRENT",
-           "LAG", "STATES", "AVAILABLE", "DEGRADED", "MESSAGE"]  # fmt: skip
+           "LAG", "STATES", "WAITING", "AVAILABLE", "DEGRADED", "MESSAGE"]  # fmt: skip
 
 
 @app.command("status")
@@ -36,9 +36,10 @@ def status(
 ) -> None:
     """Per region: each deployment's target, current snapshot, counts and conditions.
 
-    LAG is the freshness lag in steps: the newest snapshot published for the deployment in
-    any region given, minus the oldest one a replica of this region serves. Degraded and
-    lagging deployments come first. Exits 1 when a region cannot be read.
+    LAG is the freshness lag in steps: the newest snapshot on the deployment's chain in any
+    region given, minus the oldest one a replica of this region serves. WAITING counts the
+    reasons replicas give for not being at the target (StorageUnavailable, a failure, ...).
+    Degraded and lagging deployments come first. Exits 1 when a region cannot be read.
     """
     from hotload.cli.fleet_view import as_data, deployment_rows, newest_steps, sort_deployments
 
@@ -56,6 +57,7 @@ def status(
                      f"{row.updated}/{row.desired}", dash(row.target), dash(row.current),
                      dash(row.lag),
                      " ".join(f"{k}={v}" for k, v in sorted(row.states.items())) or "-",
+                     " ".join(f"{k}={v}" for k, v in sorted((row.waiting or {}).items())) or "-",
                      row.available,
                      row.degraded_reason if row.degraded == "True" else row.degraded,
                      dash(row.message)]

@@ -82,6 +82,7 @@ from hotload.sidecar.staging import StagingArea
 from hotload.sidecar.status import (
     AgentStatus,
     BuffersReport,
+    ErrorRecord,
     Phase,
     StatusReport,
 )
@@ -415,6 +416,16 @@ class SidecarAgent(EngineWatch, LoadJobs):
 
     # --- the report ----------------------------------------------------------------------
 
+    def _retrying_after(
+        self, target: SnapshotRef | None, state: ReplicaState | None
+    ) -> ErrorRecord | None:
+        """While Loading: the transient failure of this target the agent retries after (why
+        the replica is not there yet, for ``hotload ledger``/``status``)."""
+        error = self._status.last_error
+        if state is not ReplicaState.LOADING or target is None or error is None:
+            return None
+        return error if error.transient and error.target == target.identity else None
+
     def _report(self) -> None:
         """Publish what the pod must say, from what is known now (the writer repairs any
         difference on the Pod, whoever made it)."""
@@ -441,14 +452,15 @@ class SidecarAgent(EngineWatch, LoadJobs):
             else None
         )
         status.current_via = serving.via if serving else None
+        retrying = self._retrying_after(target, state)
         annotations = PodAnnotations(
             served_identity=serving.identity if serving else None,
             target_identity=target.identity if target else None,
             state=state,
             since=status.since,
             via=serving.via if serving else None,
-            reason=hold.reason if failed and hold else None,
-            message=hold.message if failed and hold else None,
+            reason=hold.reason if failed and hold else (retrying.reason if retrying else None),
+            message=hold.message if failed and hold else (retrying.message if retrying else None),
             failed_identity=hold.failed_identity if failed and hold else None,
         )
         deployment = self._deployment

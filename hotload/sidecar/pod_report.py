@@ -4,7 +4,9 @@ Two writes, each only when its content changed (CONTRACTS.md, "What the sidecar 
 on its Pod"):
 
 - the ``hotload.dev/*`` annotations, all of them in one merge patch per transition
-  (``reason``/``message`` are removed, by ``null``, when the state is not Failed);
+  (``reason``/``message`` say why the replica is not at its target: Failed, or Loading
+  while it retries a transient failure — a storage outage, say; they are removed, by
+  ``null``, once it is Ready);
 - the pod condition ``hotload.dev/SnapshotReady`` on ``pods/status``, as a
   strategic-merge patch naming only that condition type, so the other writer's
   conditions (the pod runtime's ``Ready``, ``ContainersReady``, ...) are merged by
@@ -55,14 +57,15 @@ class PodAnnotations:
     def values(self) -> dict[str, str | None]:
         """Annotation key → value; None removes the key (merge-patch semantics)."""
         failed = self.state is ReplicaState.FAILED
-        message = self.message[:MESSAGE_LIMIT] if failed and self.message else None
+        why = failed or (self.state is ReplicaState.LOADING and self.reason is not None)
+        message = self.message[:MESSAGE_LIMIT] if why and self.message else None
         return {
             ANNOTATION_SNAPSHOT: self.served_identity,
             ANNOTATION_TARGET: self.target_identity,
             ANNOTATION_STATE: self.state.value if self.state else None,
             ANNOTATION_SINCE: rfc3339(self.since),
             ANNOTATION_VIA: self.via.value if self.via else None,
-            ANNOTATION_REASON: self.reason if failed else None,
+            ANNOTATION_REASON: self.reason if why else None,
             ANNOTATION_MESSAGE: message,
             ANNOTATION_FAILED_SNAPSHOT: self.failed_identity if failed else None,
         }

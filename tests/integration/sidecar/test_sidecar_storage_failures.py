@@ -97,9 +97,20 @@ async def test_download_survives_a_storage_outage_and_completes(
     await harness.wait_state(replica, full.identity, "Loading", timeout=30)
     assert (await harness.engine_identity(replica))["identity"] == "init"
 
+    # ... and on the pod, so `hotload ledger`/`status` say why it waits (issue 22: the
+    # outage showed only in the sidecar's /status).
+    def why() -> dict[str, str] | None:
+        notes = harness.annotations(replica.pod)
+        return notes if notes.get("hotload.dev/reason") == "StorageUnavailable" else None
+
+    notes = await eventually(why, timeout=30, what="the outage's reason on the pod")
+    assert notes["hotload.dev/state"] == "Loading" and notes.get("hotload.dev/message")
+    assert "hotload.dev/failed-snapshot" not in notes
+
     toxiproxy.fast()
     toxiproxy.enabled(True)
     await harness.wait_state(replica, full.identity, "Ready", timeout=90)
+    assert "hotload.dev/reason" not in harness.annotations(replica.pod)
     status = await harness.status(replica)
     swap = status["history"][0]
     # The attempt that finished resumed: it read less than the snapshot stores.

@@ -14,6 +14,7 @@ from hotload.cli.fleet_view import (
     RegionObjects,
     deployment_rows,
     newest_steps,
+    on_chain,
     replica_rows,
     sort_deployments,
     sort_replicas,
@@ -94,3 +95,67 @@ def test_a_region_that_missed_snapshots_comes_first_though_settled_on_its_target
         ("east", "a-0", 0),
         ("east", "a-1", 0),
     ]
+
+
+def _linked(name: str, step: int, previous: str | None, chain_valid: str | None = None) -> Any:
+    body = psnap(name, step)
+    body["spec"]["kind"] = "Incremental" if previous else "Full"
+    if previous:
+        body["spec"]["incremental"] = {"previousIdentity": previous}
+    if chain_valid:
+        body["status"]["conditions"] = [{"type": "ChainValid", "status": chain_valid}]
+    return body
+
+
+def test_the_lag_counts_only_the_deployments_chain() -> None:
+    """Issue 22: one orphan snapshot showed as a lag of 882 steps. A delta whose previous
+    the region never saw, one past a break and a broken one are not the trainer's progress;
+    a Full always is, and so is a delta whose chain reaches one."""
+    snapshots = [
+        _linked("s0-full", 0, None),
+        _linked("s1", 1, "s0-full"),
+        _linked("s2", 2, "s1", chain_valid="False"),
+        _linked("s3", 3, "s2"),
+        _linked("orphan", 882, "never-published"),
+        _linked("loop-a", 900, "loop-b"),
+        _linked("loop-b", 901, "loop-a"),
+    ]
+    region = RegionObjects(
+        "east", [rd("a", target_step=1)], snapshots, [replica("a-0", "s1", "Ready")]
+    )
+
+    assert on_chain(snapshots) == {("ns", "s0-full"), ("ns", "s1")}
+    assert newest_steps([region]) == {("ns", "a"): 1}
+    (row,) = deployment_rows(region, newest_steps([region]))
+    assert row.lag == 0
+
+    fallback = _linked("s2-full", 2, None)
+    healed = RegionObjects("east", region.deployments, [*snapshots, fallback], region.pods)
+    assert newest_steps([healed]) == {("ns", "a"): 2}
+
+
+def test_why_replicas_are_not_at_the_target_shows_in_status_and_ledger() -> None:
+    """A bucket outage, a full disk, a foreign pause: the pods' reasons, counted per
+    deployment (`hotload status`) and per replica (`hotload ledger`), whatever the state
+    but Ready."""
+    region = RegionObjects(
+        "east",
+        [rd("a", target_step=5)],
+        [psnap("s3", 3), psnap("s5", 5)],
+        [
+            replica("a-0", "s3", "Loading", reason="StorageUnavailable", message="bucket down"),
+            replica("a-1", "s3", "Loading", reason="StorageUnavailable", message="bucket down"),
+            replica("a-2", "s3", "Failed", reason="DiskFull", message="no space"),
+            replica("a-3", "s5", "Ready", reason="StorageUnavailable"),
+        ],
+    )
+
+    (row,) = deployment_rows(region)
+    assert row.waiting == {"StorageUnavailable": 2, "DiskFull": 1}
+    why = {r.pod: (r.reason, r.message) for r in replica_rows(region)}
+    assert why == {
+        "a-0": ("StorageUnavailable", "bucket down"),
+        "a-1": ("StorageUnavailable", "bucket down"),
+        "a-2": ("DiskFull", "no space"),
+        "a-3": (None, None),
+    }

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 
 from hotload.api import LoadPath, ReplicaState, reasons
 from hotload.api.pod import (
+    ANNOTATION_FAILED_SNAPSHOT,
     ANNOTATION_MESSAGE,
     ANNOTATION_REASON,
     ANNOTATION_SINCE,
@@ -38,12 +39,19 @@ def test_annotation_patch_names_every_sidecar_annotation_in_one_patch() -> None:
     assert annotations[ANNOTATION_SINCE] == "2026-11-23T09:45:12Z"
 
 
-def test_reason_and_message_are_removed_unless_failed() -> None:
+def test_a_retry_says_why_and_ready_removes_the_reason() -> None:
+    """Issue 22: a bucket outage showed only in the sidecar's /status. Loading while it
+    retries, the pod names the transient reason; at the target, none."""
     loading = PodAnnotations(
-        "s-4", "s-5", ReplicaState.LOADING, MOMENT, reason="NotFound", message="x"
+        "s-4", "s-5", ReplicaState.LOADING, MOMENT, reason="StorageUnavailable", message="x"
     )
-    values = loading.values()
-    assert values[ANNOTATION_REASON] is None and values[ANNOTATION_MESSAGE] is None
+    ready = PodAnnotations("s-5", "s-5", ReplicaState.READY, MOMENT, reason="NotFound")
+    assert (loading.values()[ANNOTATION_REASON], loading.values()[ANNOTATION_MESSAGE]) == (
+        "StorageUnavailable", "x"
+    )  # fmt: skip
+    assert ready.values()[ANNOTATION_REASON] is None
+    assert ready.values()[ANNOTATION_MESSAGE] is None
+    assert loading.values()[ANNOTATION_FAILED_SNAPSHOT] is None, "no snapshot is blamed"
 
 
 def test_failed_report_carries_reason_and_a_bounded_message() -> None:
