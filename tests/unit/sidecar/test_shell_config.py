@@ -33,6 +33,15 @@ def test_downward_api_env_becomes_the_config() -> None:
     assert config.credentials is None and config.serve_http
 
 
+def test_the_engine_is_reached_where_the_pod_says_it_listens() -> None:
+    """The rendered pod sets HOTLOAD_ENGINE_HOST (its loopback); the front stays on the pod
+    IP. Without it (an older pod), the engine is reached on the pod IP."""
+    rendered = _config({**POD_ENV, "HOTLOAD_ENGINE_HOST": "127.0.0.1"})
+    older = _config(POD_ENV)
+    assert (rendered.engine_host, rendered.bind_host) == ("127.0.0.1", "127.1.3.4")
+    assert older.engine_host == "127.1.3.4"
+
+
 def test_without_a_root_staging_is_the_mount_path_and_without_ip_all_interfaces() -> None:
     env = {k: v for k, v in POD_ENV.items() if k != "POD_IP"}
     config = _config(env)
