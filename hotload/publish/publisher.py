@@ -26,8 +26,11 @@ took); everything else runs on the publisher's own worker thread
 6. remember the snapshot as the next one's base and tidy the work directory
    (:mod:`~hotload.publish.tidying`).
 
-``max_pending`` publishes may queue behind the running one; beyond that ``publish``
-blocks (the trainer is faster than the links), and that wait counts as blocked time.
+``max_pending`` publishes may wait behind the running one; a publish that finds them
+all waiting takes the place of the oldest (:mod:`~hotload.publish.newest`): when the
+trainer is faster than the links the newest step goes out and stale ones are skipped
+(``PublishResult.skipped_steps``, ``hotload_publisher_skipped_steps_total``), so the
+training loop is held for the host copy only.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from hotload.api import SnapshotKind
 from hotload.errors import PublishError
 from hotload.publish.buckets import BucketOpener, open_region_bucket
@@ -48,6 +53,8 @@ from hotload.publish.cadence import identity_for
 from hotload.publish.deciding import KindChooser
 from hotload.publish.delivery import Delivery
 from hotload.publish.encoding import EncodeSettings, encode_step
+from hotload.publish.metrics import PublisherMetrics
+from hotload.publish.newest import PendingPublish
 from hotload.publish.observer import NullObserver, PublishObserver
 from hotload.publish.policy_object import policy_snapshot
 from hotload.publish.region_buckets import RegionBuckets
@@ -99,8 +106,12 @@ class Publisher:
         *,
         observer: PublishObserver | None = None,
         open_bucket: BucketOpener = open_region_bucket,
+        registry: CollectorRegistry | None = None,
     ) -> None:
+        """``registry``: where the publisher's metrics go (``hotload_publisher_*``; a
+        private registry when none is given)."""
         self.settings = settings
+        self.metrics = PublisherMetrics(registry or CollectorRegistry(auto_describe=True))
         self._observer = observer or NullObserver()
         self._workdir = WorkDir(settings.workdir)
         self._workdir.lock()
@@ -150,20 +161,29 @@ class Publisher:
     ) -> PublishHandle:
         """Publish the weights of ``step`` (a state_dict, or a safetensors directory).
 
-        Returns once the weights are copied (and the queue had room); the handle's
-        ``result()`` waits for the outcome in every region.
+        Returns once the weights are copied; the handle's ``result()`` waits for the
+        outcome in every region. When the publisher is behind, a newer publish may
+        replace this one before it starts: ``result()`` is then the newer snapshot's
+        (its ``step`` is later and its ``skipped_steps`` name this one).
         """
         if self._closed:
             raise PublishError("the publisher is closed")
         timing = _Timing(started=time.monotonic())
-        captured = capture(weights, self.settings.dtype)
+        pending = PendingPublish(step, capture(weights, self.settings.dtype), full)
         timing.blocked_seconds = time.monotonic() - timing.started
+        self.metrics.offered(step)
 
         async def work() -> PublishResult:
-            return await self._publish(step, captured, full, timing)
+            captured = pending.captured
+            assert captured is not None  # dropped only from a publish that was replaced
+            pending.captured = None  # the worker's reference is the last one
+            return await self._publish(
+                pending.step, captured, pending.full, timing, skipped=pending.skipped_steps
+            )
 
-        future = self._worker.submit(work)
+        future = self._worker.submit(work, pending)
         timing.blocked_seconds = time.monotonic() - timing.started
+        self.metrics.blocked(timing.blocked_seconds)
         return PublishHandle(future, step, timing.blocked_seconds)
 
     def request_full(self) -> None:
@@ -214,8 +234,14 @@ class Publisher:
         full: bool,
         timing: _Timing,
         why: str | None = None,
+        skipped: list[int] | None = None,
     ) -> PublishResult:
         settings = self.settings
+        if skipped:
+            log.warning(
+                "the publisher fell behind: publishing the newest step, skipping older ones",
+                extra={"step": step, "skipped_steps": skipped},
+            )
         decision = await self._chooser.choose(step, full=full, lora=captured.is_lora)
         identity = identity_for(settings.prefix, step, decision.kind)
         previous = self._state.last
@@ -257,7 +283,9 @@ class Publisher:
             encode_seconds=round(encoded.seconds, 3),
             seconds=round(time.monotonic() - timing.started, 3),
             regions=regions,
+            skipped_steps=skipped or [],
         )
+        self.metrics.published(result)
         broken = [c for c, r in regions.items() if r.outcome is RegionOutcome.CHAIN_BROKEN]
         if broken and not settings.fallback_full:
             self._chooser.chain_broken = True  # the next publish is the Full

@@ -91,6 +91,10 @@ class PublishResult(ResultModel):
     regions: dict[str, RegionResult]
     fallback: PublishResult | None = None
     """The automatic Full published because a region broke this snapshot's chain."""
+    skipped_steps: list[int] = Field(default_factory=list)
+    """Steps handed to ``publish`` before this one and never published: the publisher was
+    behind, so this newer step replaced them (a direct delta from the last snapshot
+    published, or a Full). Their handles resolve to this result."""
 
     @property
     def ratio(self) -> float:

@@ -48,6 +48,8 @@ class PublisherSettings:
     encode_threads: int = 4
     upload_concurrency: int = DEFAULT_UPLOAD_CONCURRENCY
     max_pending: int = 1
+    """Publishes that may wait behind the running one; a newer publish replaces the oldest
+    waiting one rather than blocking the trainer (:mod:`hotload.publish.newest`)."""
     files_from: Path | None = None
     """Non-tensor files (config.json, tokenizer) that go with a state_dict."""
     dtype: str | None = None

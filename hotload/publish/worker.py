@@ -1,26 +1,26 @@
 """The publisher's worker: one thread with its own event loop that runs the queued jobs
 (publishes, flushes) one at a time, in the order they were queued.
 
-The queue holds at most ``max_pending`` jobs besides the running one; a caller that
-queues more waits for room (the trainer is faster than the links), and that wait counts
-as its blocked time.
+The queue (:class:`hotload.publish.newest.JobQueue`) holds at most ``max_pending`` jobs
+besides the running one. A publish that finds it full replaces the oldest waiting
+publish (the newest step goes out, the stale one is skipped: :mod:`hotload.publish.newest`),
+so the trainer never waits for a link; any other job waits for room.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from hotload.publish.newest import JobQueue, Supersedable
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-_Job = tuple["Future[Any]", Callable[[], Coroutine[Any, Any, Any]]]
 
 
 class SerialWorker:
@@ -35,20 +35,27 @@ class SerialWorker:
     ) -> None:
         """``finish`` runs on the worker's loop after the last job (e.g. closing clients
         that belong to that loop)."""
-        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=max_pending)
+        self._queue = JobQueue(max_pending)
         self._finish = finish
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, work: Callable[[], Coroutine[Any, Any, T]]) -> Future[T]:
-        """Queue ``work`` (blocks while the queue is full); its future holds the outcome."""
-        future: Future[T] = Future()
-        self._queue.put((future, work))
-        return future
+    @property
+    def skipped(self) -> int:
+        """Publishes replaced by newer ones so far."""
+        return self._queue.skipped
+
+    def submit(
+        self, work: Callable[[], Coroutine[Any, Any, T]], tag: Supersedable | None = None
+    ) -> Future[T]:
+        """Queue ``work``; its future holds the outcome. With a ``tag`` a full queue
+        drops its oldest tagged job for this one (whose future then gets this outcome);
+        without one, a full queue blocks the caller until there is room."""
+        return self._queue.put(work, tag)
 
     def close(self) -> None:
         """Run what is queued, then stop the thread."""
-        self._queue.put(None)
+        self._queue.close()
         self._thread.join()
 
     def _work(self) -> None:
