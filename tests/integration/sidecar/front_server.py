@@ -111,26 +111,44 @@ class FrontServer:
         declared_length: int | None = None,
         timeout: float = 30.0,
     ) -> Answer:
-        """One raw HTTP/1.1 request, the target sent byte for byte.
+        """One raw HTTP/1.1 request to this front (see :func:`raw_request`)."""
+        return raw_request(
+            HOST, self.port, method, target, body,
+            headers=headers, declared_length=declared_length, timeout=timeout,
+        )  # fmt: skip
 
-        ``declared_length`` sends that Content-Length while sending only ``body``: the
-        front must answer a body it will refuse without waiting for the rest.
-        """
-        raw_target = target.encode() if isinstance(target, str) else target
-        length = len(body) if declared_length is None else declared_length
-        lines = [
-            method.encode() + b" " + raw_target + b" HTTP/1.1",
-            f"host: {HOST}:{self.port}".encode(),
-            b"connection: close",
-            f"content-length: {length}".encode(),
-            *(f"{k}: {v}".encode() for k, v in (headers or {}).items()),
-        ]
-        with socket.create_connection((HOST, self.port), timeout=timeout) as sock:
-            sock.sendall(b"\r\n".join(lines) + b"\r\n\r\n")
-            # The front may answer and close before taking it all: read the answer then.
-            with contextlib.suppress(OSError):
-                sock.sendall(body)
-            return _read_answer(sock)
+
+def raw_request(
+    host: str,
+    port: int,
+    method: str,
+    target: bytes | str,
+    body: bytes = b"",
+    *,
+    headers: dict[str, str] | None = None,
+    declared_length: int | None = None,
+    timeout: float = 30.0,
+) -> Answer:
+    """One raw HTTP/1.1 request, the target sent byte for byte (no client normalises it).
+
+    ``declared_length`` sends that Content-Length while sending only ``body``: the front
+    must answer a body it will refuse without waiting for the rest.
+    """
+    raw_target = target.encode() if isinstance(target, str) else target
+    length = len(body) if declared_length is None else declared_length
+    lines = [
+        method.encode() + b" " + raw_target + b" HTTP/1.1",
+        f"host: {host}:{port}".encode(),
+        b"connection: close",
+        f"content-length: {length}".encode(),
+        *(f"{k}: {v}".encode() for k, v in (headers or {}).items()),
+    ]
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(b"\r\n".join(lines) + b"\r\n\r\n")
+        # The front may answer and close before taking it all: read the answer then.
+        with contextlib.suppress(OSError):
+            sock.sendall(body)
+        return _read_answer(sock)
 
 
 def _read_answer(sock: socket.socket) -> Answer:
