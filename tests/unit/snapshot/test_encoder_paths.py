@@ -121,7 +121,7 @@ def tensors(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, CodecOptions, str 
     return old, new, options, dtype
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(tensors())
 def test_random_tensors_encode_as_the_frozen_encoder_did(
     drawn: tuple[np.ndarray, np.ndarray, CodecOptions, str | None],
@@ -155,13 +155,18 @@ def test_real_adam_steps_encode_as_the_frozen_encoder_did() -> None:
             torch.nn.LayerNorm(64),
             torch.nn.Linear(64, 12),
         )
-        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
         steps = [{n: p.detach().clone() for n, p in model.named_parameters()}]
-        for _ in range(2):
-            loss = model(torch.randn(32, 24)).pow(2).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+        moments = {n: (torch.zeros_like(p), torch.zeros_like(p)) for n, p in steps[0].items()}
+        for t in (1, 2):  # Adam (beta 0.9, 0.999), written out: torch.optim imports dynamo
+            model.zero_grad()
+            model(torch.randn(32, 24)).pow(2).mean().backward()
+            with torch.no_grad():
+                for n, p in model.named_parameters():
+                    m, v = moments[n]
+                    m.mul_(0.9).add_(p.grad, alpha=0.1)
+                    v.mul_(0.999).addcmul_(p.grad, p.grad, value=0.001)
+                    step = (m / (1 - 0.9**t)) / ((v / (1 - 0.999**t)).sqrt() + 1e-8)
+                    p.sub_(step, alpha=lr)
             steps.append({n: p.detach().clone() for n, p in model.named_parameters()})
         for before, after in itertools.pairwise(steps):
             for name in before:
@@ -196,7 +201,7 @@ def test_torch_words_in_host_memory_take_the_native_path(monkeypatch: pytest.Mon
     assert len(scans) == 2
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     dtype=st.sampled_from(["F8_E5M2", "BF16", "F16", "U16", "F32", "F64"]),
     n=st.one_of(
@@ -284,7 +289,7 @@ def test_the_native_scan_refuses_buffers_that_disagree() -> None:
         _context.scan_chunk(words, words, 2, 0, 0, np.zeros(9, np.uint32), empty, empty)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     data=st.data(),
     classes=st.integers(1, 8),
@@ -314,7 +319,7 @@ def test_magnitude_orders_match_one_order_per_class(
         assert value_orders(magnitudes, change_class, classes, native=native) == expected
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
     key_bits=st.sampled_from([4, 5, 8, 11]),
