@@ -222,6 +222,15 @@ class KubeExpired(KubeError):
     reason = "Expired"
 
 
+class NotLeader(HotloadError):
+    """This operator does not hold its region's leader Lease (now, or any more): it must
+    not write a decision. Raised before a write is sent, or when the apiserver's fencing
+    policy refused a write whose fence is no longer the Lease's."""
+
+    reason = "NotLeader"
+    transient = True
+
+
 # --- the trainer's publisher --------------------------------------------------------
 
 

@@ -3,7 +3,7 @@
 What it does, on one region of its own (its own state directory, torn down at the end):
 
 1. ``hotload local up`` one region with enough fake nodes, and ``helm install`` the chart
-   (the operator, 2 replicas with peering, run by the pod runtime; it watches ``hl-*``);
+   (the operator, 2 replicas and a leader Lease, run by the pod runtime; it watches ``hl-*``);
 2. per size N: a RolloutDeployment of N ``noop``-engine replicas in the runtime's shared
    mode (real sidecar agents as tasks: each fetches, verifies and rebuilds every snapshot
    from a ``file://`` bucket), a Full, then at least ten deltas (and at least 1,000

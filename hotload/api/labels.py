@@ -34,5 +34,17 @@ differs from the in-region ``spec.hotLoad.endpoint`` the replicas use (e.g. acro
 proxy)."""
 
 OPERATOR_FINALIZER: Final = "hotload.dev/operator"
+SERVED_FINALIZER: Final = "hotload.dev/served"
+"""On a PolicySnapshot while it is its deployment's target or some replica serves it: a
+deletion waits (the operator says so in an Event) until neither holds, instead of rolling
+the fleet back."""
+DELETION_HELD_ANNOTATION: Final = "hotload.dev/deletion-held"
+"""On a PolicySnapshot whose deletion the operator holds: when it first said so (one Event)."""
 OPERATOR_ANNOTATION_PREFIX: Final = "operator.hotload.dev"
 """kopf's progress and diff-base annotations on our objects live under this prefix."""
+
+FENCE_ANNOTATION: Final = "hotload.dev/fence"
+"""On the objects the operator writes outside a status (its Events, a PolicySnapshot's
+finalizers): the writer's fence token ``<holder>/<leaseTransitions>`` of the region's leader
+Lease. Status writes carry the same token in ``status.fence``. The chart's admission policy
+refuses an operator write whose token is not the Lease's now (docs/operator.md, "Fencing")."""

@@ -166,6 +166,13 @@ class PolicySnapshotStatus(ApiStatusModel):
     """Ready, ChainValid."""
     propagation: Propagation | None = None
     """Target set, first replica ready, all replicas ready."""
+    sealed_at: datetime | None = None
+    """When the record was finished (Ready latched and a newer snapshot targeted, or its
+    chain broken): from then on its ledger, counts and Ready condition are never written
+    again."""
+    fence: str | None = None
+    """The fence token (``<holder>/<leaseTransitions>`` of the region's leader Lease) of the
+    operator that wrote this status last: a writer that lost the Lease cannot write."""
 
 
 class PolicySnapshot(ApiModel):

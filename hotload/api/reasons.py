@@ -133,3 +133,8 @@ TARGET_CLEARED: Final = "TargetCleared"
 RECOVERED: Final = "Recovered"
 REPLICA_FAILED: Final = "ReplicaFailed"
 SNAPSHOT_RETIRED: Final = "SnapshotRetired"
+TARGET_REPAIRED: Final = "TargetRepaired"
+"""Another writer changed ``status.targetSnapshot``; the operator restored its own."""
+DELETION_HELD: Final = "DeletionHeld"
+"""A deleted PolicySnapshot is kept (finalizer ``hotload.dev/served``) while it is the target
+or served; it goes once neither holds."""

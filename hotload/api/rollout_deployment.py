@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Final
 
@@ -9,6 +10,7 @@ from pydantic import Field, model_validator
 
 from hotload.api._base import ApiModel, ApiStatusModel
 from hotload.api.conditions import Condition
+from hotload.api.identity import ValidIdentity
 from hotload.api.kinds import KvCachePolicy
 from hotload.api.snapshot_ref import SnapshotRef
 
@@ -144,6 +146,20 @@ class RolloutDeploymentSpec(ApiModel):
     retention: RetentionSpec = Field(default_factory=RetentionSpec)
 
 
+class TargetRollback(ApiStatusModel):
+    """The operator's record of its one backward move (the target turned out broken or was
+    deleted: back to the newest valid snapshot). A sidecar follows a target that ranks
+    below what it serves only when this record names that target: a target moved back by
+    any other writer is refused and repaired (docs/operator.md, "A target moved by hand")."""
+
+    from_identity: ValidIdentity
+    """The target it moved back from."""
+    to_identity: ValidIdentity
+    """The target it moved back to (``targetSnapshot.identity`` while the record stands)."""
+    at: datetime
+    """When the operator moved it."""
+
+
 class RolloutDeploymentStatus(ApiStatusModel):
     """Kept small on purpose: every sidecar watches this object."""
 
@@ -166,6 +182,12 @@ class RolloutDeploymentStatus(ApiStatusModel):
     """Counts by served snapshot identity."""
     conditions: list[Condition] = Field(default_factory=list)
     """Available, Progressing, SnapshotReady, Degraded."""
+    rollback: TargetRollback | None = None
+    """Set with a backward move of the target by the operator, cleared by the next forward
+    move."""
+    fence: str | None = None
+    """The fence token (``<holder>/<leaseTransitions>`` of the region's leader Lease) of the
+    operator that wrote this status last: a writer that lost the Lease cannot write."""
 
 
 class RolloutDeployment(ApiModel):

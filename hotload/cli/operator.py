@@ -3,14 +3,16 @@
 The command line the chart runs (agreed with it; CONTRACTS.md "Operator endpoints",
 "Peering")::
 
-    hotload operator [--namespace NS]... [--all-namespaces] [--peering NAME | --standalone]
+    hotload operator [--namespace NS]... [--all-namespaces]
+                     [--lease NAME [--lease-namespace NS] | --peering NAME | --standalone]
                      [--priority N] [--port 8080] [--log-format json|text]
 
 The shell is the only place that reads the environment: ``KUBECONFIG`` (else the
 in-cluster service account), ``POD_IP`` (where ``/healthz`` and ``/metrics`` bind; all
-interfaces when unset), ``POD_NAME`` (the peering identity) and ``POD_UID`` (the peering
-priority, unless ``--priority`` is given). SIGTERM stops it cleanly: a leader withdraws
-its peering record at once, so its standby takes over without waiting for it to expire.
+interfaces when unset), ``POD_NAME`` (the identity), ``POD_NAMESPACE`` (where the leader
+Lease lives, unless ``--lease-namespace`` is given) and ``POD_UID`` (the peering priority,
+unless ``--priority`` is given). SIGTERM stops it cleanly: a leader releases the Lease at
+once, so its standby takes over without waiting for it to expire.
 """
 
 from __future__ import annotations
@@ -41,10 +43,20 @@ def operator(
     all_namespaces: bool = typer.Option(
         False, "--all-namespaces", "-A", help="Watch every namespace (the default)."
     ),
+    lease: str | None = typer.Option(
+        None,
+        "--lease",
+        help="Hold this coordination.k8s.io Lease to lead: only its holder writes, every "
+        "write fenced by it (what the chart runs).",
+    ),
+    lease_namespace: str | None = typer.Option(
+        None, "--lease-namespace", help="Namespace of the Lease (default: $POD_NAMESPACE)."
+    ),
     peering: str | None = typer.Option(
         None,
         "--peering",
-        help="Join this ClusterKopfPeering (one replica active, the others on standby).",
+        help="Join this ClusterKopfPeering (one replica active, the others on standby; "
+        "no fence: prefer --lease).",
     ),
     standalone: bool = typer.Option(False, "--standalone", help="Run without peering."),
     priority: int | None = typer.Option(
@@ -77,6 +89,8 @@ def operator(
             priority=priority,
             port=port,
             environ=os.environ,
+            lease=lease,
+            lease_namespace=lease_namespace,
         )
     except ConfigError as err:
         raise typer.BadParameter(str(err)) from err

@@ -8,7 +8,7 @@ What it does, in order (each step one function, so a longer demo adds steps, not
    with its own bucket (MinIO) behind an emulated WAN link (toxiproxy: latency, bandwidth,
    a byte counter), the buckets replicating to each other (MinIO's own replication);
 2. installs ``charts/hotload`` into each region with the pinned ``helm`` and waits until the
-   operator Deployment (two replicas, kopf peering) is available;
+   operator Deployment (two replicas, one leader Lease) is available;
 3. applies a RolloutDeployment in each region that reads the region's own bucket; the
    operator renders its StatefulSet, Service and sidecar RBAC, and the pod runtime runs
    every replica's real ``hotload engine reference`` and ``hotload sidecar`` processes;
@@ -224,7 +224,7 @@ def bring_up_regions(settings: DemoSettings, say: Say) -> LocalRegions:
     say(
         f"  hotload operator available in every region ({time.monotonic() - started:.0f} s): "
         f"deploy/{settings.release.operator_deployment} in {settings.release.namespace}, "
-        f"{settings.release.operator_replicas} replicas peering"
+        f"{settings.release.operator_replicas} replicas, one leader Lease"
     )
     # The publisher finds each region's bucket credentials by kube context (a profile each).
     os.environ["AWS_SHARED_CREDENTIALS_FILE"] = str(regions.aws_credentials_file)

@@ -121,8 +121,13 @@ def plan_deployment_status(
 ) -> DeploymentStatusPlan:
     recorded_conditions: list[Mapping[str, Any]] = list(recorded.get("conditions") or [])
     failed = sorted(
-        (pod for pod in desired_pods if pod.state is ReplicaState.FAILED), key=lambda p: p.name
-    )
+        (
+            pod
+            for pod in desired_pods
+            if pod.state is ReplicaState.FAILED and pod.reason != reasons.TARGET_INCONSISTENT
+        ),
+        key=lambda p: p.name,
+    )  # a target a replica could not trust is the operator's to repair, not a failed replica
     desired_conditions = [
         _available(counts),
         *_rollout(counts, target),

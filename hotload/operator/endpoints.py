@@ -2,7 +2,7 @@
 
 ``/healthz`` answers while the operator's event loop turns (a wedged loop cannot answer,
 so the liveness probe restarts it); it reports how many deployments this replica
-reconciles (0 on a peering standby) without failing a standby. ``/metrics`` serves the
+reconciles (0 on a standby) and whether it leads, without failing a standby. ``/metrics`` serves the
 operator's own registry in Prometheus' text format.
 """
 
@@ -18,12 +18,16 @@ from hotload.operator.metrics import OperatorMetrics
 
 
 async def start_endpoints(
-    host: str, port: int, metrics: OperatorMetrics, reconciling: Callable[[], int]
+    host: str,
+    port: int,
+    metrics: OperatorMetrics,
+    reconciling: Callable[[], int],
+    leading: Callable[[], bool] = lambda: True,
 ) -> web.AppRunner:
     """Serve the endpoints; the caller stops them with ``await runner.cleanup()``."""
 
     async def healthz(request: web.Request) -> web.Response:
-        body = {"status": "ok", "reconciling": reconciling()}
+        body = {"status": "ok", "reconciling": reconciling(), "leader": leading()}
         return web.Response(text=json.dumps(body), content_type="application/json")
 
     async def metrics_page(request: web.Request) -> web.Response:

@@ -3,9 +3,8 @@
 kopf calls one handler per watch event; each handler only hands the body to the
 reconciler(s) it concerns (an owned object to its deployment's, a PolicySnapshot to every
 deployment's in its namespace) and returns; pods are watched by each reconciler itself.
-Events for a deployment whose reconciler is not running (not started yet, or this replica
-is not the peering leader) are dropped: a reconciler seeds its view with a LIST when it
-starts. Snapshots of a deployment
+Events for a deployment whose reconciler is not running (not started yet) are dropped: a
+reconciler lists its view afresh whenever it starts to lead. Snapshots of a deployment
 that has no reconciler at all are marked by :mod:`hotload.operator.orphans`.
 """
 
@@ -44,10 +43,24 @@ class Fleet:
         self.timing = timing
         self.sidecar_cluster_role = sidecar_cluster_role
         self._reconcilers: dict[Key, DeploymentReconciler] = {}
+        self._leading = False
         self.orphans = OrphanWatch(executor, lambda ns, name: (ns, name) in self._reconcilers)
 
     def __len__(self) -> int:
         return len(self._reconcilers)
+
+    def reconciling(self) -> int:
+        """Deployments this replica reconciles now: all of them while it leads, else 0."""
+        return len(self._reconcilers) if self._leading else 0
+
+    def leadership_changed(self, leading: bool) -> None:
+        """The leader Lease was gained or lost: wake every reconciler (to pause or to list
+        afresh and plan) and say so in the metrics."""
+        self._leading = leading
+        self.metrics.leader.set(1 if leading else 0)
+        self.metrics.reconcilers.set(self.reconciling())
+        for reconciler in self._reconcilers.values():
+            reconciler.wakeup.poke(urgent=True)
 
     def get(self, namespace: str, name: str) -> DeploymentReconciler | None:
         return self._reconcilers.get((namespace, name))
@@ -57,7 +70,7 @@ class Fleet:
             namespace, name, self.executor, self.metrics, self.timing, self.sidecar_cluster_role
         )
         self._reconcilers[(namespace, name)] = reconciler
-        self.metrics.reconcilers.set(len(self._reconcilers))
+        self.metrics.reconcilers.set(self.reconciling())
         return reconciler
 
     def stop(self, reconciler: DeploymentReconciler, *, deleted: bool) -> None:
@@ -66,7 +79,7 @@ class Fleet:
             del self._reconcilers[key]
         if deleted:
             self.metrics.forget(reconciler.namespace, reconciler.name)
-        self.metrics.reconcilers.set(len(self._reconcilers))
+        self.metrics.reconcilers.set(self.reconciling())
 
     def deployment_event(self, body: Mapping[str, Any]) -> None:
         metadata = body.get("metadata") or {}

@@ -1,8 +1,9 @@
 """The kopf handlers: wiring only, every decision is in the planners.
 
-- one daemon per RolloutDeployment runs its reconciler (kopf runs daemons only on the
-  peering leader and stops them on deletion or pause; it keeps the finalizer
-  ``hotload.dev/operator`` on the deployment while the daemon runs);
+- one daemon per RolloutDeployment runs its reconciler (kopf stops it on deletion, and
+  keeps the finalizer ``hotload.dev/operator`` on the deployment while it runs). With the
+  leader Lease (the chart), kopf runs on every replica and each reconciler waits for the
+  Lease before it plans or writes; with kopf peering, daemons run on the peering leader;
 - watch-event handlers for the deployments, their owned objects and the PolicySnapshots
   hand each body to the fleet, which pokes the reconciler concerned. Replica pods are
   watched by each reconciler itself (``pod_watch.py``: kopf's per-event cost is too high
@@ -66,7 +67,7 @@ def configure_settings(settings: kopf.OperatorSettings, options: OperatorOptions
     )
     settings.peering.lifetime = PEERING_LIFETIME_S
     settings.peering.stealth = True
-    if not options.standalone:
+    if not options.kopf_standalone:
         # Namespaces matching a glob come and go: one cluster-wide peering object, not one
         # per namespace (kopf would pause everything while a new namespace lacks its own).
         settings.peering.clusterwide = True
@@ -108,9 +109,10 @@ def build_registry(fleet: Fleet, options: OperatorOptions) -> kopf.OperatorRegis
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             reason = stopped.reason or kopf.DaemonStoppingReason(0)
-            fleet.stop(
-                reconciler, deleted=bool(reason & kopf.DaemonStoppingReason.RESOURCE_DELETED)
-            )
+            deleted = bool(reason & kopf.DaemonStoppingReason.RESOURCE_DELETED)
+            if deleted:
+                await reconciler.release_guards()
+            fleet.stop(reconciler, deleted=deleted)
             log.info("reconciler stopped", extra={"namespace": namespace, "deployment": name})
 
     @kopf.on.event(GROUP, VERSION, DEPLOYMENTS, registry=registry)

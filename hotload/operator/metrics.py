@@ -65,7 +65,12 @@ class OperatorMetrics:
         )
         self.reconcilers = Gauge(
             "hotload_operator_reconcilers",
-            "RolloutDeployments this replica reconciles now (0 on a peering standby).",
+            "RolloutDeployments this replica reconciles now (0 on a standby).",
+            registry=self.registry,
+        )
+        self.leader = Gauge(
+            "hotload_operator_leader",
+            "1 while this replica holds the region's leader Lease (or runs alone), else 0.",
             registry=self.registry,
         )
 

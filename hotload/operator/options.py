@@ -1,9 +1,14 @@
 """How ``hotload operator`` runs: namespaces, peering, endpoints, logs.
 
 The command line is agreed with the chart (README of the coordination, CONTRACTS.md
-"Operator endpoints", "Peering"):
-``hotload operator [--namespace NS]... [--all-namespaces] [--peering NAME | --standalone]
+"Operator endpoints", "Peering", "Fencing"):
+``hotload operator [--namespace NS]... [--all-namespaces]
+[--lease NAME [--lease-namespace NS] | --peering NAME | --standalone]
 [--priority N] [--port 8080] [--log-format json|text]``.
+
+With ``--lease`` (what the chart runs) the region's leader Lease decides which replica
+writes, and kopf runs without peering on every replica (its handlers only poke the
+reconcilers, which wait for the Lease). ``--peering`` is kopf's peering alone: no fence.
 """
 
 from __future__ import annotations
@@ -42,10 +47,19 @@ class OperatorOptions:
     port: int = DEFAULT_PORT
     identity: str | None = None
     """This replica's name among its peers (``$POD_NAME`` in a pod)."""
+    lease: str | None = None
+    """The leader Lease's name (``coordination.k8s.io/v1``); None: no Lease."""
+    lease_namespace: str = ""
+    """Where the Lease lives (the operator's own namespace, ``$POD_NAMESPACE``)."""
 
     @property
     def cluster_wide(self) -> bool:
         return not self.namespaces
+
+    @property
+    def kopf_standalone(self) -> bool:
+        """kopf runs without peering: ``--standalone``, or the Lease decides instead."""
+        return self.standalone or self.lease is not None
 
 
 def operator_options(
@@ -57,8 +71,18 @@ def operator_options(
     priority: int | None,
     port: int,
     environ: Mapping[str, str],
+    lease: str | None = None,
+    lease_namespace: str | None = None,
 ) -> OperatorOptions:
     """Options from the command line and the pod's environment; usage errors are ConfigError."""
+    if lease and (peering or standalone):
+        raise ConfigError(
+            "--lease excludes --peering and --standalone (the Lease decides who leads)",
+            lease=lease,
+        )
+    lease_namespace = lease_namespace or environ.get(contract.ENV_POD_NAMESPACE) or ""
+    if lease and not lease_namespace:
+        raise ConfigError("--lease needs --lease-namespace (or $POD_NAMESPACE)", lease=lease)
     if all_namespaces and namespaces:
         raise ConfigError(
             "--namespace and --all-namespaces exclude each other", namespaces=list(namespaces)
@@ -80,4 +104,6 @@ def operator_options(
         host=environ.get(contract.ENV_POD_IP, ""),
         port=port,
         identity=environ.get(contract.ENV_POD_NAME) or None,
+        lease=lease or None,
+        lease_namespace=lease_namespace if lease else "",
     )

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from hotload.api import ConditionStatus, SnapshotPhase, reasons
 from hotload.api.conditions import READY, DesiredCondition, merge_conditions
-from hotload.errors import KubeError
+from hotload.errors import KubeError, NotLeader
 from hotload.operator.executor import KubeExecutor
 
 log = logging.getLogger(__name__)
@@ -90,8 +90,11 @@ class OrphanWatch:
         patch = orphan_status(body, datetime.now(UTC))
         if patch is None:
             return
+        version = str((body.get("metadata") or {}).get("resourceVersion") or "") or None
         try:
-            await self._executor.patch_snapshot_status(key[0], key[1], patch)
+            await self._executor.patch_snapshot_status(key[0], key[1], patch, version)
+        except NotLeader:
+            return  # the leader marks it
         except KubeError as err:
             log.warning(
                 "could not mark a snapshot whose deployment is missing",

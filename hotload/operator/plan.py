@@ -19,9 +19,11 @@ from hotload.api import ReplicaState, RolloutDeploymentSpec, SnapshotRef
 from hotload.api import reasons as reason_words
 from hotload.api.conditions import CHAIN_VALID, DEGRADED, READY
 from hotload.api.kinds import Identity
+from hotload.api.labels import SERVED_FINALIZER
 from hotload.api.policy_snapshot import KIND as SNAPSHOT_KIND
 from hotload.api.rollout_deployment import KIND as DEPLOYMENT_KIND
 from hotload.operator.deployment_status import plan_deployment_status
+from hotload.operator.guards import plan_guards
 from hotload.operator.ledger import count_fleet
 from hotload.operator.pods import PodReport
 from hotload.operator.retention import plan_retention
@@ -35,7 +37,7 @@ from hotload.operator.rollout import (
     plan_target,
     validate_chains,
 )
-from hotload.operator.snapshot_status import ObservedSnapshot, plan_snapshot_status
+from hotload.operator.snapshot_status import ObservedSnapshot, plan_snapshot_status, precise_time
 from hotload.operator.workload import label_selector
 
 
@@ -64,6 +66,9 @@ class ObservedDeployment:
     generation: int | None
     spec: RolloutDeploymentSpec
     status: Mapping[str, Any]
+    written_target: SnapshotRef | None = None
+    """The target this operator wrote last (None: none yet this tenure). A recorded target
+    that differs was written by someone else: the move that restores ours is a repair."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,9 @@ class DeploymentPlan:
     propagated: list[tuple[str, float]] = field(default_factory=list)
     """(identity, seconds from creation to all replicas ready) completed now."""
     verdicts: dict[str, ChainVerdict] = field(default_factory=dict)
+    metadata_patches: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Identity → a PolicySnapshot's metadata patch (its ``hotload.dev/served`` finalizer;
+    written before the target moves onto it)."""
 
 
 def recorded_ref(status: Mapping[str, Any], key: str) -> SnapshotRef | None:
@@ -133,8 +141,25 @@ def _current(
     return oldest.ref(spec.hot_load.kv_cache_policy)
 
 
+def _describe(ref: SnapshotRef | None) -> str:
+    return "none" if ref is None else f"{ref.identity} (step {ref.step}, {ref.kind.value})"
+
+
 def _target_events(plan: TargetPlan, deployment: ObservedDeployment) -> list[EventSpec]:
-    if plan.move is TargetMove.NONE or plan.move is TargetMove.REFRESH:
+    if plan.move is TargetMove.NONE:
+        return []
+    written = deployment.written_target
+    if written is not None and plan.previous is not None and plan.previous != written:
+        # Someone else wrote the target (a hand edit of one field, a move back or forward):
+        # ours is restored, and that is said, never passed off as a move of ours.
+        how = "restored" if plan.target == written else "set"
+        message = (
+            f"status.targetSnapshot was changed by another writer to {_describe(plan.previous)}"
+            f"; {how} to {_describe(plan.target)} (only the operator moves the target)"
+        )
+        return [EventSpec(DEPLOYMENT_KIND, deployment.name, deployment.uid, EventType.WARNING,
+                          reason_words.TARGET_REPAIRED, message)]  # fmt: skip
+    if plan.move is TargetMove.REFRESH:
         return []
     if plan.target is None:
         reason, kind = reason_words.TARGET_CLEARED, EventType.WARNING
@@ -209,6 +234,19 @@ def plan_deployment(observation: Observation, now: datetime) -> DeploymentPlan:
     events += _deployment_events(status_plan.condition_changes, deployment)
     events += _replica_failure_events(desired, deployment, observation)
 
+    guards = plan_guards(
+        observation.snapshots,
+        deployment.name,
+        [*(pod.served_identity for pod in pods if pod.served_identity),
+         *([target.identity] if target is not None else [])],
+        now,
+    )  # fmt: skip
+    for identity in guards.held:
+        events.append(_deletion_held_event(observation, identity, deployment))
+    status_patch, material = _with_rollback(
+        status_plan.patch, status_plan.material, target_plan, deployment.status, now
+    )
+
     doomed = plan_retention(
         infos,
         deployment.name,
@@ -229,14 +267,58 @@ def plan_deployment(observation: Observation, now: datetime) -> DeploymentPlan:
         )  # fmt: skip
     return DeploymentPlan(
         target=target_plan,
-        status_patch=status_plan.patch,
-        status_material=status_plan.material,
+        status_patch=status_patch,
+        status_material=material,
         snapshot_patches=snapshot_patches,
         deletions=deletions,
         events=events,
         propagated=propagated,
         verdicts=verdicts,
+        metadata_patches=guards.patches,
     )
+
+
+def _with_rollback(
+    patch: dict[str, Any] | None,
+    material: bool,
+    plan: TargetPlan,
+    recorded: Mapping[str, Any],
+    now: datetime,
+) -> tuple[dict[str, Any] | None, bool]:
+    """The status patch with ``rollback``: set by a backward move of ours (the one record a
+    sidecar follows a backward target on), cleared by the next forward move."""
+    if plan.move is TargetMove.BACK and plan.target is not None and plan.previous is not None:
+        record = {
+            "fromIdentity": plan.previous.identity,
+            "toIdentity": plan.target.identity,
+            "at": precise_time(now),
+        }
+        return {**(patch or {}), "rollback": record}, True
+    if plan.move is TargetMove.FORWARD and recorded.get("rollback") is not None:
+        return {**(patch or {}), "rollback": None}, True
+    return patch, material
+
+
+def _deletion_held_event(
+    observation: Observation, identity: Identity, deployment: ObservedDeployment
+) -> EventSpec:
+    serving = sum(1 for pod in observation.pods if pod.served_identity == identity)
+    target = recorded_ref(deployment.status, "targetSnapshot")
+    why = ", ".join(
+        part
+        for part in (
+            "the target" if target is not None and target.identity == identity else "",
+            f"served by {serving} replica(s)" if serving else "",
+        )
+        if part
+    )
+    return EventSpec(
+        DEPLOYMENT_KIND, deployment.name, deployment.uid, EventType.WARNING,
+        reason_words.DELETION_HELD,
+        f"PolicySnapshot {identity} was deleted while it is {why or 'in use'}: it is kept "
+        f"(finalizer {SERVED_FINALIZER}) until it is neither, and the fleet is not rolled "
+        "back; it goes once a newer snapshot has rolled out",
+    )  # fmt: skip
 
 
 def _snapshot_events(
@@ -296,8 +378,12 @@ def _replica_failure_events(
         if (
             pod.state is not ReplicaState.FAILED
             or pod.reason in reason_words.CHAIN_BREAKING_REASONS
+            or pod.reason == reason_words.TARGET_INCONSISTENT
         ):
-            continue  # chain breaks have their own Events, on the snapshot and the deployment
+            # Chain breaks have their own Events, on the snapshot and the deployment; a
+            # target the replica could not trust is the target's fault, repaired (and said)
+            # by the operator.
+            continue
         recorded = ledger.get(pod.name)
         if (
             recorded is not None

@@ -5,8 +5,8 @@ event (its per-object queue, body views, loggers and handler kwargs), and a roll
 about three pod events per replica; at 1,000 replicas that is seconds of operator CPU per
 snapshot on the same cores as the replicas (bench/propagation). A plain watch with the
 deployment's label selector costs a JSON parse per event. It lives inside the
-deployment's kopf daemon, so it runs exactly while the reconciler does (only on the
-peering leader), and it lists afresh after every error: an outage or an expired version
+deployment's reconciler, which starts it afresh with each leadership tenure (so a standby
+holds no pod watch), and it lists afresh after every error: an outage or an expired version
 cannot hide a deletion.
 """
 

@@ -9,6 +9,14 @@ its owned objects and the namespace's PolicySnapshots update its view and poke i
 and writes only the differences. Its view is seeded by LISTs when it starts, after any
 failed call (an API outage may have hidden deletions), and every ``relist_s``: nothing
 depends on having seen every event.
+
+It runs on every operator replica (a hot standby keeps its view current) but plans and
+writes only while its replica leads (``fencing.Leadership``); each time leadership is
+gained it lists everything afresh, since another leader wrote meanwhile. Events are
+emitted before the writes that record what they announce, so a leader stopped between the
+two is followed by one that announces it again: the worst outcome is an Event twice. A
+write refused because the object moved on since the view it was planned from (409) makes
+it read afresh and plan again.
 """
 
 from __future__ import annotations
@@ -30,12 +38,18 @@ from hotload.api import (
     PolicySnapshotSpec,
     RolloutDeployment,
     RolloutDeploymentSpec,
+    SnapshotRef,
 )
 from hotload.api import conditions as cond
 from hotload.api.conditions import CHAIN_VALID, parse_time
 from hotload.api.kinds import Identity
-from hotload.api.labels import MANAGED_BY_LABEL, MANAGED_BY_OPERATOR
-from hotload.errors import KubeError, KubeNotFound
+from hotload.api.labels import (
+    DELETION_HELD_ANNOTATION,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_OPERATOR,
+    SERVED_FINALIZER,
+)
+from hotload.errors import KubeConflict, KubeError, KubeNotFound, NotLeader
 from hotload.operator.batching import BatchWindows, Wakeup
 from hotload.operator.executor import KubeExecutor
 from hotload.operator.ledger import parse_ledger
@@ -45,6 +59,7 @@ from hotload.operator.plan import (
     Observation,
     ObservedDeployment,
     plan_deployment,
+    recorded_ref,
 )
 from hotload.operator.pod_watch import PodWatch
 from hotload.operator.pods import PodReport, pod_report
@@ -72,6 +87,8 @@ class ReconcileTiming:
     the last write (every sidecar watches the deployment; target moves never wait)."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     """Backoff after a failed reconcile (the project's one policy: 0.5 s doubling to 30 s)."""
+    conflicts_before_backoff: int = 3
+    """Conflicting writes (409) planned again at once before the backoff applies."""
 
 
 def observed_snapshot(body: Mapping[str, Any]) -> ObservedSnapshot | None:
@@ -108,6 +125,7 @@ def observed_snapshot(body: Mapping[str, Any]) -> ObservedSnapshot | None:
         checksum_format=incremental.checksum_format if incremental else None,
         kv_cache_policy=spec.kv_cache_policy,
         recorded=verdict,
+        deleting=metadata.get("deletionTimestamp") is not None,
     )
     ledger = parse_ledger(status.get("replicas"))
     return ObservedSnapshot(
@@ -117,6 +135,8 @@ def observed_snapshot(body: Mapping[str, Any]) -> ObservedSnapshot | None:
         generation=metadata.get("generation"),
         status=status,
         ledger=ledger,
+        finalizers=tuple(str(f) for f in metadata.get("finalizers") or ()),
+        deletion_announced=DELETION_HELD_ANNOTATION in (metadata.get("annotations") or {}),
     )
 
 
@@ -151,6 +171,13 @@ class DeploymentReconciler:
         """Loop time of the last deployment status write (the loop's clock, as the wake-ups')."""
         self._deferred = False
         self._owned_generations: dict[tuple[str, str], int | None] = {}
+        self._tenure = 0
+        """The leadership tenure this reconciler's view was listed in (0: none yet)."""
+        self._announced: set[tuple[str, str, str, str]] = set()
+        """Events emitted whose writes have not all landed yet (a failed pass plans them
+        again: they are not emitted again in this tenure)."""
+        self._written_target: SnapshotRef | None = None
+        """The target as this reconciler last wrote it (or found it when its tenure began)."""
         self.reconciles = 0
 
     def _context(self, **extra: Any) -> dict[str, Any]:
@@ -171,9 +198,14 @@ class DeploymentReconciler:
         ):
             return
         generation = metadata.get("generation")
-        urgent = generation != self._spec_generation
+        status = dict(body.get("status") or {})
+        # A spec change, or a target another writer changed: both are handled at once.
+        urgent = generation != self._spec_generation or (
+            self._written_target is not None
+            and recorded_ref(status, "targetSnapshot") != self._written_target
+        )
         self._deployment = {"metadata": dict(metadata), "spec": body.get("spec") or {},
-                            "status": dict(body.get("status") or {})}  # fmt: skip
+                            "status": status}  # fmt: skip
         self._deployment_version = version
         if urgent:
             self._workload_dirty = True
@@ -245,28 +277,81 @@ class DeploymentReconciler:
         )
 
     async def run(self) -> None:
-        """Reconcile until cancelled (kopf cancels it when the daemon stops)."""
-        watch = self.pod_watch()
-        watching = asyncio.create_task(watch.run(), name=f"pods of {self.namespace}/{self.name}")
+        """Reconcile while this replica leads, until cancelled (kopf cancels it when the
+        daemon stops)."""
+        leadership = self._executor.leadership
+        watching: asyncio.Task[None] | None = None
         try:
             log.info("reconciler started", extra=self._context())
-            await watch.listed.wait()  # never plan on a partial view of the replicas
-            await self._loop()
+            while True:
+                tenure = await leadership.wait_leading()
+                # A new tenure: another leader may have written meanwhile, and a process
+                # that was frozen slept through its watches. Everything is listed afresh.
+                if watching is not None:
+                    watching.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await watching
+                watch = self.pod_watch()
+                watching = asyncio.create_task(
+                    watch.run(), name=f"pods of {self.namespace}/{self.name}"
+                )
+                await watch.listed.wait()  # never plan on a partial view of the replicas
+                self._tenure = tenure
+                self._seeded = False
+                self._workload_dirty = True
+                self._written_target = None
+                self._announced.clear()
+                log.info("reconciling as the leader", extra=self._context(tenure=tenure))
+                await self._loop(tenure)
+                log.info("not the leader any more: reconciling paused", extra=self._context())
         finally:
-            watching.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watching
+            if watching is not None:
+                watching.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watching
 
-    async def _loop(self) -> None:
+    def _leads(self, tenure: int) -> bool:
+        leadership = self._executor.leadership
+        return leadership.leading and leadership.tenure == tenure
+
+    async def _refresh_deployment(self) -> None:
+        try:
+            body = await self._executor.get_deployment(self.namespace, self.name)
+        except KubeNotFound:
+            return  # being deleted: kopf stops this daemon
+        self.on_deployment(body, poke=False)
+
+    async def _loop(self, tenure: int) -> None:
+        """Reconcile until the tenure ``tenure`` ends."""
         backoff = Backoff(self._timing.retry)
         last_list = 0.0
-        while True:
+        conflicts = 0
+        while self._leads(tenure):
             try:
                 if not self._seeded or time.monotonic() - last_list > self._timing.relist_s:
+                    await self._refresh_deployment()
+                    if self._written_target is None and self._deployment is not None:
+                        # What the last leader wrote, as this tenure begins.
+                        self._written_target = recorded_ref(
+                            self._deployment["status"], "targetSnapshot"
+                        )
                     await self._seed()
                     last_list = time.monotonic()
                 await self.reconcile()
                 backoff.reset()
+                conflicts = 0
+            except NotLeader:
+                return
+            except KubeConflict as err:
+                # Planned on a view older than an object: read afresh, plan again.
+                self._seeded = False
+                conflicts += 1
+                self._metrics.reconcile_errors.labels(self.namespace, self.name, err.reason).inc()
+                log.info("a write met a newer object; planning again",
+                         extra=self._context(error=str(err)))  # fmt: skip
+                if conflicts > self._timing.conflicts_before_backoff:
+                    await asyncio.sleep(backoff.next_delay())
+                continue
             except Exception as err:  # a reconciler never dies: it logs and retries
                 self._seeded = False
                 self._workload_dirty = True
@@ -343,6 +428,7 @@ class DeploymentReconciler:
                 generation=deployment.metadata.get("generation"),
                 spec=deployment.spec,
                 status=self._deployment["status"],
+                written_target=self._written_target,
             ),
             pods=self._pods.values(),
             snapshots=dict(self._snapshots.items()),
@@ -355,6 +441,23 @@ class DeploymentReconciler:
         return plan
 
     async def _execute(self, plan: DeploymentPlan, observation: Observation) -> None:
+        # Events first: what they announce is recorded by the writes below, so a leader
+        # stopped in between leaves the announcement to its successor (at worst twice),
+        # never to nobody.
+        for event in plan.events:
+            announced = (event.kind, event.name, event.reason, event.message)
+            if announced in self._announced:
+                continue  # announced already; the write that records it has not landed yet
+            try:
+                await self._executor.emit(self.namespace, event)
+            except NotLeader:
+                raise
+            except KubeError as err:
+                log.warning("could not emit an Event", extra=self._context(error=str(err)))
+            self._announced.add(announced)
+        # Guards first: a snapshot carries its finalizer before the target names it.
+        for identity, metadata in plan.metadata_patches.items():
+            await self._write_snapshot_metadata(identity, metadata)
         # A break is recorded on its snapshot first: that record outlives the pod's report.
         breaking = [i for i in plan.snapshot_patches if plan.verdicts[i].broken]
         for identity in breaking:
@@ -365,7 +468,9 @@ class DeploymentReconciler:
                 await self._write_snapshot(identity, patch)
         for identity, uid in plan.deletions:
             with contextlib.suppress(KubeNotFound):
-                await self._executor.delete_snapshot(self.namespace, identity, uid)
+                await self._executor.delete_snapshot(
+                    self.namespace, identity, uid, self._snapshots.resource_version(identity)
+                )
             self._snapshots.delete(identity, uid, "")
         for identity, seconds in plan.propagated:
             self._metrics.propagation_seconds.labels(self.namespace, self.name).observe(seconds)
@@ -380,11 +485,7 @@ class DeploymentReconciler:
                     snapshot=plan.target.target.identity, move=plan.target.move.value
                 ),
             )
-        for event in plan.events:
-            try:
-                await self._executor.emit(self.namespace, event)
-            except KubeError as err:
-                log.warning("could not emit an Event", extra=self._context(error=str(err)))
+        self._announced.clear()  # every write landed: what they announce is recorded
         counts: dict[str, int] = {}
         for pod in observation.pods:
             if pod.is_desired(observation.deployment.spec.replicas):
@@ -392,9 +493,44 @@ class DeploymentReconciler:
                 counts[key] = counts.get(key, 0) + 1
         self._metrics.set_replicas(self.namespace, self.name, counts)
 
+    async def _write_snapshot_metadata(
+        self, identity: Identity, metadata: Mapping[str, Any]
+    ) -> None:
+        try:
+            body = await self._executor.patch_snapshot_metadata(
+                self.namespace, identity, metadata, self._snapshots.resource_version(identity)
+            )
+        except KubeNotFound:
+            return
+        self.on_snapshot(None, body, poke=False)
+
+    async def release_guards(self) -> None:
+        """The deployment is gone: its snapshots lose the ``hotload.dev/served`` finalizer
+        (no reconciler would ever remove it). Only the leader can; errors are logged."""
+        for identity, observed in self._snapshots.items():
+            if observed.info.deployment != self.name or SERVED_FINALIZER not in observed.finalizers:
+                continue
+            try:
+                body = await self._executor.get_snapshot(self.namespace, identity)
+                metadata = body.get("metadata") or {}
+                kept = [f for f in metadata.get("finalizers") or () if f != SERVED_FINALIZER]
+                await self._executor.patch_snapshot_metadata(
+                    self.namespace, identity, {"finalizers": kept},
+                    str(metadata.get("resourceVersion") or "") or None,
+                )  # fmt: skip
+            except KubeNotFound:
+                continue
+            except (NotLeader, KubeError) as err:
+                log.warning(
+                    "could not release a snapshot of a deleted deployment",
+                    extra=self._context(snapshot=identity, error=str(err)),
+                )
+
     async def _write_snapshot(self, identity: Identity, patch: Mapping[str, Any]) -> None:
         try:
-            body = await self._executor.patch_snapshot_status(self.namespace, identity, patch)
+            body = await self._executor.patch_snapshot_status(
+                self.namespace, identity, patch, self._snapshots.resource_version(identity)
+            )
         except KubeNotFound:
             observed = self._snapshots.get(identity)
             if observed is not None:
@@ -414,8 +550,9 @@ class DeploymentReconciler:
                 self.wakeup.poke_later(self._timing.status_interval_s - since)
             return
         body = await self._executor.patch_deployment_status(
-            self.namespace, self.name, plan.status_patch
+            self.namespace, self.name, plan.status_patch, self._deployment_version or None
         )
+        self._written_target = recorded_ref(body.get("status") or {}, "targetSnapshot")
         self._last_status_write = clock()
         self._deferred = False
         self.on_deployment(body, poke=False)

@@ -15,8 +15,10 @@ users in docs/contracts.md):
   a bad bucket is answered by a new Full, not by repairing the old one.
 - A verdict once ``True`` survives its previous being deleted (retention removes old
   objects; the chain was checked while they were there).
-- The target moves forward only, onto the newest snapshot whose chain is valid, so it
-  never lands on or past a break (after a break only a new Full is valid again). The
+- The target moves forward only, onto the newest snapshot whose chain is valid and whose
+  deletion nobody asked for, so it never lands on or past a break (after a break only a
+  new Full is valid again). A target whose deletion was asked for stays the target (it
+  is held by a finalizer) until a newer one is valid. The
   one backward move: when the target itself turns out broken (or is not a valid
   snapshot of ours at all: another writer, a deleted object), it returns to the newest
   valid snapshot, so new pods load what the others still serve.
@@ -52,6 +54,9 @@ class SnapshotInfo:
     kv_cache_policy: KvCachePolicy | None = None
     recorded: ChainVerdict | None = None
     """The ``ChainValid`` condition its status carries now (None when it has none)."""
+    deleting: bool = False
+    """Its deletion was asked for (it is held while the target or served): never a new
+    target."""
 
     @property
     def order(self) -> tuple[int, int]:
@@ -216,7 +221,9 @@ def newest_valid(
     candidates = [
         info
         for info in snapshots
-        if info.deployment == deployment and verdicts.get(info.identity, _unknown()).valid
+        if info.deployment == deployment
+        and not info.deleting
+        and verdicts.get(info.identity, _unknown()).valid
     ]
     return max(candidates, key=lambda info: info.order, default=None)
 

@@ -8,6 +8,7 @@ except kopf's own login (``KUBECONFIG``, else the in-cluster service account).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any, cast
@@ -18,8 +19,10 @@ from kubernetes_asyncio.client import ApiClient
 from hotload.kube import async_api_client
 from hotload.operator.endpoints import start_endpoints
 from hotload.operator.executor import KubeExecutor
+from hotload.operator.fencing import Leadership, Standalone
 from hotload.operator.fleet import Fleet
 from hotload.operator.handlers import build_registry
+from hotload.operator.lease import LeaderLease, LeaseTiming, incarnation_identity
 from hotload.operator.metrics import OperatorMetrics
 from hotload.operator.options import OperatorOptions
 from hotload.operator.reconciler import ReconcileTiming
@@ -59,6 +62,7 @@ async def operate(
     *,
     timing: ReconcileTiming | None = None,
     stop_flag: asyncio.Event | None = None,
+    lease_timing: LeaseTiming | None = None,
 ) -> None:
     """Run until stopped (SIGTERM/SIGINT, or ``stop_flag``)."""
     quiet_kopf_logs()
@@ -70,30 +74,53 @@ async def operate(
 
     executor = KubeExecutor(await connect(), metrics, identity, connect)
     fleet = Fleet(executor, metrics, timing or ReconcileTiming(), SIDECAR_CLUSTER_ROLE)
+    lease: LeaderLease | None = None
+    leadership: Leadership = Standalone()
+    if options.lease:
+        lease = LeaderLease(
+            lambda: executor.api,
+            options.lease_namespace,
+            options.lease,
+            incarnation_identity(identity),
+            lease_timing,
+            on_change=fleet.leadership_changed,
+        )
+        leadership = lease
+    executor.leadership = leadership
+    fleet.leadership_changed(leadership.leading)
     registry = build_registry(fleet, options)
-    endpoints = await start_endpoints(options.host, options.port, metrics, lambda: len(fleet))
+    endpoints = await start_endpoints(
+        options.host, options.port, metrics, fleet.reconciling, lambda: leadership.leading
+    )
     log.info(
         "operator starting",
         extra={
             "namespaces": list(options.namespaces) or "all",
-            "peering": options.peering or ("standalone" if options.standalone else "auto"),
+            "lease": f"{options.lease_namespace}/{options.lease}" if options.lease else None,
+            "peering": options.peering or ("standalone" if options.kopf_standalone else "auto"),
             "priority": options.priority,
-            "identity": identity,
+            "identity": lease.identity if lease is not None else identity,
             "endpoints": f"{options.host or '0.0.0.0'}:{options.port}",
         },
     )
+    holding = asyncio.create_task(lease.run(), name="leader lease") if lease else None
     try:
         await kopf.operator(
             registry=registry,
             clusterwide=options.cluster_wide,
             namespaces=list(options.namespaces),
-            standalone=True if options.standalone else None,
+            standalone=True if options.kopf_standalone else None,
             peering_name=options.peering,
             priority=options.priority,
             identity=cast(Any, options.identity),
             stop_flag=stop_flag,
         )
     finally:
+        if holding is not None and lease is not None:
+            holding.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await holding
+            await lease.release()  # the standby takes over at once
         await endpoints.cleanup()
         await executor.close()
         log.info("operator stopped")

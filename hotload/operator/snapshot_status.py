@@ -9,6 +9,11 @@
   Ready; after that they are the record of how it rolled out and are no longer written
   (so a rollout writes O(1) objects however many snapshots exist). A snapshot newer
   than the target has no ledger yet: no replica is working on it.
+- A finished record (Ready latched and no longer the target, or its chain recorded broken)
+  is sealed: ``sealedAt`` is written once, and from then on its ledger, counts, Ready
+  condition and propagation are never written again (the chart's fencing policy refuses
+  such a write too). Only ``ChainValid`` may still turn False: a later replay that finds
+  its files bad in the bucket is recorded.
 - ``propagation`` records when it became the target, when the first replica and when
   all replicas reached it (its creation time is ``metadata.creationTimestamp``).
 """
@@ -37,6 +42,7 @@ from hotload.operator.rollout import ChainVerdict, SnapshotInfo, snapshot_order
 TARGET_SET_AT: Final = "targetSetAt"
 FIRST_READY_AT: Final = "firstReplicaReadyAt"
 ALL_READY_AT: Final = "allReplicasReadyAt"
+SEALED_AT: Final = "sealedAt"
 
 
 def precise_time(moment: datetime) -> str:
@@ -55,6 +61,9 @@ class ObservedSnapshot:
     status: Mapping[str, Any]
     ledger: Mapping[str, ReplicaRecord]
     """``status.replicas`` parsed (once, when the object was observed)."""
+    finalizers: tuple[str, ...] = ()
+    deletion_announced: bool = False
+    """Its held deletion was announced already (``hotload.dev/deletion-held``)."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +102,8 @@ def plan_snapshot_status(
     recorded_broken = (find := cond.find_wire(recorded_conditions, CHAIN_VALID)) is not None and (
         find.get("status") == ConditionStatus.FALSE.value
     )
-    frozen = (latched and not is_target) or recorded_broken
+    # A sealed record stays as it is even when a rollback makes it the target again.
+    frozen = (latched and not is_target) or recorded_broken or bool(recorded.get(SEALED_AT))
 
     chain = cond.DesiredCondition(CHAIN_VALID, verdict.status, verdict.reason, verdict.message)
     ledger_changes: dict[str, WireEntry | None] = {}
@@ -193,6 +203,8 @@ def plan_snapshot_status(
     }
     if propagation:
         fields["propagation"] = propagation
+    if frozen and not recorded.get(SEALED_AT):
+        fields[SEALED_AT] = precise_time(now)
     patch = {key: value for key, value in fields.items() if recorded.get(key) != value}
     if ledger_changes:
         patch["replicas"] = ledger_changes

@@ -60,6 +60,11 @@ class VersionedStore(Generic[V]):
         item = self._items.get(name)
         return item.value if item else None
 
+    def resource_version(self, name: str) -> str | None:
+        """The version of the object we hold (what a write planned from it is conditioned on)."""
+        item = self._items.get(name)
+        return item.resource_version if item else None
+
     def holds(self, name: str, resource_version: str) -> bool:
         """True when this exact version of the object is what we hold (nothing to parse)."""
         item = self._items.get(name)

@@ -53,8 +53,8 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
-{{- define "hotload.peeringName" -}}
-{{- default (include "hotload.fullname" .) .Values.peering.name }}
+{{- define "hotload.leaseName" -}}
+{{- default (printf "%s-leader" (include "hotload.fullname" .) | trunc 63 | trimSuffix "-") .Values.leaderElection.leaseName }}
 {{- end }}
 
 {{- define "hotload.image" -}}
@@ -105,10 +105,11 @@ both ways). It never writes pods: the sidecars report on their own pods, it read
 - apiGroups: [hotload.dev]
   resources: [rolloutdeployments]
   verbs: [get, list, watch, patch]
-# Snapshots: read, and delete old ones (retention; bucket data is the publisher's).
+# Snapshots: read, delete old ones (retention; bucket data is the publisher's), and hold
+# the deletion of a served one (patch: the hotload.dev/served finalizer).
 - apiGroups: [hotload.dev]
   resources: [policysnapshots]
-  verbs: [get, list, watch, delete]
+  verbs: [get, list, watch, patch, delete]
 - apiGroups: [hotload.dev]
   resources: [rolloutdeployments/status, policysnapshots/status]
   verbs: [patch]

@@ -3,7 +3,8 @@ that the pod contract and `hotload operator` expect, and RBAC scoped by the watc
 namespaces. Real helm, no cluster.
 
 It would catch a chart that lints with warnings, a typo in values slipping through, the
-operator started without peering or without its pod UID, probes on a port it does not
+operator started without its leader Lease or without its pod identity, the Lease's
+rights or the fencing policy missing or pointed at another Lease, probes on a port it does not
 serve, the sidecar ClusterRole drifting from hotload.api's rules, and cluster-wide rights
 granted where Roles in the watched namespaces would do.
 """
@@ -27,8 +28,8 @@ NAMESPACED_RESOURCES = {
     "policysnapshots/status", "pods", "statefulsets", "services", "serviceaccounts",
     "rolebindings", "networkpolicies", "clusterroles", "events",
 }  # fmt: skip
-#: What the operator holds cluster-wide in the default mode: reads for kopf and its peering.
-CLUSTER_RESOURCES = {"customresourcedefinitions", "namespaces", "clusterkopfpeerings"}
+#: What the operator holds cluster-wide in the default mode: reads for kopf.
+CLUSTER_RESOURCES = {"customresourcedefinitions", "namespaces"}
 CLUSTER_WIDE = {"clusterWide": {"enabled": True}}
 
 
@@ -50,7 +51,9 @@ def test_lint_is_clean_with_strict_checks(tmp_path: Path) -> None:
     assert "[WARNING]" not in done.stdout and "[ERROR]" not in done.stdout
 
 
-def test_operator_runs_hotload_operator_with_peering_and_its_pod_identity(tmp_path: Path) -> None:
+def test_operator_runs_hotload_operator_with_its_lease_and_its_pod_identity(
+    tmp_path: Path,
+) -> None:
     objects = render(tmp_path)
     deployment = one(objects, "Deployment", "hotload-operator")
     container = _container(objects)
@@ -59,17 +62,38 @@ def test_operator_runs_hotload_operator_with_peering_and_its_pod_identity(tmp_pa
     assert container["command"] == ["hotload", "operator"]
     assert container["args"] == [
         "--namespace", "hotload-system",
-        "--peering", "hotload", "--port", "8080", "--log-format", "json",
+        "--lease", "hotload-leader", "--port", "8080", "--log-format", "json",
     ]  # fmt: skip
     env = {
         e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
         for e in container["env"]
     }
-    assert env["POD_UID"] == "metadata.uid", "kopf priority comes from the pod UID"
+    assert env["POD_NAMESPACE"] == "metadata.namespace", "the Lease lives in the pod's namespace"
     assert env["POD_IP"] == "status.podIP", "the operator binds $POD_IP:8080"
     assert env["POD_NAME"] == env["POD_ID"] == "metadata.name"
-    assert one(objects, "ClusterKopfPeering", "hotload")["apiVersion"] == "kopf.dev/v1"
-    assert find(objects, "CustomResourceDefinition", "clusterkopfpeerings.kopf.dev")
+    assert not find(objects, "ClusterKopfPeering")
+    assert not find(objects, "CustomResourceDefinition", "clusterkopfpeerings.kopf.dev")
+
+
+def test_the_lease_has_its_role_and_the_fencing_policy_reads_that_lease(tmp_path: Path) -> None:
+    objects = render(tmp_path)
+
+    role = one(objects, "Role", "hotload-operator-leader")
+    assert role["metadata"]["namespace"] == "hotload-system"
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                      "verbs": ["get", "update"], "resourceNames": ["hotload-leader"]}]  # fmt: skip
+    binding = one(objects, "ValidatingAdmissionPolicyBinding", "hotload-operator-fence")
+    assert binding["spec"]["paramRef"] == {
+        "name": "hotload-leader", "namespace": "hotload-system",
+        "parameterNotFoundAction": "Deny",
+    }  # fmt: skip
+    policy = one(objects, "ValidatingAdmissionPolicy", "hotload-operator-fence")
+    assert policy["spec"]["paramKind"] == {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease"}
+    (condition,) = policy["spec"]["matchConditions"]
+    assert "system:serviceaccount:hotload-system:hotload-operator'" in condition["expression"]
+    off = render(tmp_path, {"leaderElection": {"fencingPolicy": False}})
+    assert not find(off, "ValidatingAdmissionPolicy", "hotload-operator-fence")
 
 
 def test_probes_ask_the_operators_health_endpoint_on_its_port(tmp_path: Path) -> None:
@@ -113,7 +137,7 @@ def test_the_cluster_wide_mode_is_one_cluster_role_and_only_on_request(tmp_path:
 
     cluster_role = one(objects, "ClusterRole", "hotload-operator-cluster")
     assert _resources(cluster_role["rules"]) == NAMESPACED_RESOURCES | CLUSTER_RESOURCES
-    assert not find(objects, "Role")
+    assert not find(objects, "Role", "hotload-operator")  # the Lease's Role only
 
 
 @pytest.mark.parametrize("pattern", ["hl-*", "!kube-system", "team-?", "a,b"])
@@ -133,9 +157,7 @@ def test_plain_namespace_names_get_roles_there_and_nothing_cluster_wide(tmp_path
     objects = render(tmp_path, {"watchNamespaces": ["team-a", "team-b"]})
 
     cluster_role = one(objects, "ClusterRole", "hotload-operator-cluster")
-    assert _resources(cluster_role["rules"]) == {
-        "customresourcedefinitions", "namespaces", "clusterkopfpeerings",
-    }  # fmt: skip
+    assert _resources(cluster_role["rules"]) == {"customresourcedefinitions", "namespaces"}
     roles = find(objects, "Role", "hotload-operator")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:

@@ -8,7 +8,7 @@ catch Roles that grant too little or leak outside the watched namespace (an `aut
 matrix of every write, and a server dry-run of a kube-system StatefulSet running as a
 controller's ServiceAccount, which issue 22 saw accepted with the default install), an
 upgrade that does not roll the operator, a release that leaves cluster-wide objects behind
-(its ClusterRoles, peering object, admission policy), and an uninstall that takes the CRDs,
+(its ClusterRoles, admission policies), and an uninstall that takes the CRDs,
 and with them every user's RolloutDeployments and PolicySnapshots, away.
 """
 
@@ -57,7 +57,7 @@ def _release_objects(api: k8s.ApiClient, release: hotload_chart.ChartRelease) ->
     operator, namespace = release.operator_deployment, release.namespace
     fullname = operator.removesuffix("-operator")
     apps, core = k8s.AppsV1Api(api), k8s.CoreV1Api(api)
-    rbac, custom = k8s.RbacAuthorizationV1Api(api), k8s.CustomObjectsApi(api)
+    rbac = k8s.RbacAuthorizationV1Api(api)
     admission = k8s.AdmissionregistrationV1Api(api)
     reads: dict[str, Callable[[], object]] = {
         "Deployment": lambda: apps.read_namespaced_deployment(operator, namespace),
@@ -65,8 +65,9 @@ def _release_objects(api: k8s.ApiClient, release: hotload_chart.ChartRelease) ->
         "Service": lambda: core.read_namespaced_service(f"{operator}-metrics", namespace),
         "ClusterRole": lambda: rbac.read_cluster_role(f"{operator}-cluster"),
         "ClusterRoleBinding": lambda: rbac.read_cluster_role_binding(f"{operator}-cluster"),
-        "ClusterKopfPeering": lambda: custom.get_cluster_custom_object(
-            "kopf.dev", "v1", "clusterkopfpeerings", fullname
+        "Role": lambda: rbac.read_namespaced_role(f"{operator}-leader", namespace),
+        "FencingPolicy": lambda: admission.read_validating_admission_policy(
+            f"{fullname}-operator-fence"
         ),
         "ValidatingAdmissionPolicy": lambda: admission.read_validating_admission_policy(
             f"{fullname}-sidecar-own-pod"
@@ -246,9 +247,6 @@ def test_install_upgrade_uninstall_keeps_crds_and_leaves_nothing_else(
     extensions = k8s.ApiextensionsV1Api(api)
     for crd in ("rolloutdeployments.hotload.dev", "policysnapshots.hotload.dev"):
         assert _exists(lambda crd=crd: extensions.read_custom_resource_definition(crd)), crd
-    assert _exists(
-        lambda: extensions.read_custom_resource_definition("clusterkopfpeerings.kopf.dev")
-    )
     assert _exists(
         lambda: custom.get_namespaced_custom_object(
             "hotload.dev", "v1alpha1", namespace, "rolloutdeployments", "kept"

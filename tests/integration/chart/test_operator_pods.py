@@ -2,15 +2,13 @@
 
 helm installed the chart into the session's regions; the Deployment's pods run the real
 `hotload operator` with their own pod-bound tokens, the chart's probes decide their
-readiness, and the two replicas peer through the chart's ClusterKopfPeering. It would catch
+readiness, and the two replicas elect one leader through the chart's Lease. It would catch
 probes on a port or path the operator does not serve, an operator the chart's RBAC starves
-(it would never turn Ready, or never reconcile), two replicas both active (equal priorities,
-or peering not shared), and a standby that never takes over.
+(it would never turn Ready, never hold the Lease, or never reconcile), two replicas both
+active, and a standby that never takes over.
 """
 
 from __future__ import annotations
-
-from typing import Any, cast
 
 import httpx
 import pytest
@@ -23,7 +21,7 @@ from tests.fixtures.cluster import SESSION_CHART
 
 pytestmark = pytest.mark.cluster
 
-PEERING = SESSION_CHART.release
+LEASE = f"{SESSION_CHART.operator_deployment.removesuffix('-operator')}-leader"
 OPERATOR_SELECTOR = (
     f"app.kubernetes.io/instance={SESSION_CHART.release},app.kubernetes.io/component=operator"
 )
@@ -39,21 +37,21 @@ def _ready(pod: k8s.V1Pod) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
 
-def _reconcilers(pod: k8s.V1Pod) -> float | None:
-    """The pod's ``hotload_operator_reconcilers`` gauge (None while it does not answer)."""
+def _gauge(pod: k8s.V1Pod, name: str) -> float | None:
+    """One of the pod's gauges (None while it does not answer)."""
     try:
         text = httpx.get(f"http://{pod.status.pod_ip}:8080/metrics", timeout=5).text
     except httpx.HTTPError:
         return None
     for family in text_string_to_metric_families(text):
-        if family.name == "hotload_operator_reconcilers":
+        if family.name == name:
             return float(family.samples[0].value)
     return None
 
 
-def _peers(custom: k8s.CustomObjectsApi) -> dict[str, Any]:
-    peering = custom.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", PEERING)
-    return cast(dict[str, Any], peering.get("status") or {})
+def _reconcilers(pod: k8s.V1Pod) -> float | None:
+    """The pod's ``hotload_operator_reconcilers`` gauge (0 on a standby)."""
+    return _gauge(pod, "hotload_operator_reconcilers")
 
 
 def test_operator_replicas_turn_ready_through_the_charts_probes(
@@ -74,26 +72,30 @@ def test_operator_replicas_turn_ready_through_the_charts_probes(
         assert pods[0].status.pod_ip != pods[1].status.pod_ip
 
 
-def test_the_two_replicas_peer_with_distinct_priorities(
-    operated_regions: LocalRegions, kube_clients: dict[str, k8s.ApiClient], operated_namespace: str
+def test_one_replica_holds_the_lease_and_says_so(
+    operated_regions: LocalRegions, kube_clients: dict[str, k8s.ApiClient]
 ) -> None:
-    """kopf keeps peering alive only while some namespace matches its globs (it spawns the
-    keep-alive per served namespace, the cluster-wide object once): hence operated_namespace."""
+    """The Lease names one pod (and that process's incarnation); that pod, and only it,
+    reports itself the leader."""
     for region in operated_regions.regions:
-        custom = k8s.CustomObjectsApi(kube_clients[region.name])
-        names = {p.metadata.name for p in _operator_pods(k8s.CoreV1Api(kube_clients[region.name]))}
+        core = k8s.CoreV1Api(kube_clients[region.name])
+        coordination = k8s.CoordinationV1Api(kube_clients[region.name])
 
-        def both_peers(
-            custom: k8s.CustomObjectsApi = custom, names: set[str] = names
-        ) -> dict[str, Any]:
-            found = _peers(custom)
-            return found if found.keys() >= names else {}
+        def one_leader(
+            core: k8s.CoreV1Api = core, coordination: k8s.CoordinationV1Api = coordination
+        ) -> tuple[str, dict[str, float | None]] | None:
+            holder = coordination.read_namespaced_lease(LEASE, SESSION_CHART.namespace)
+            leaders = {p.metadata.name: _gauge(p, "hotload_operator_leader")
+                       for p in _operator_pods(core)}  # fmt: skip
+            if sorted(leaders.values(), key=str) != [0.0, 1.0]:
+                return None
+            return str(holder.spec.holder_identity or ""), leaders
 
-        peers = wait_until(both_peers, 60)
-
-        assert peers, f"{region.name}: peers {_peers(custom)} lack {names}"
-        priorities = [peers[name]["priority"] for name in names]
-        assert len(set(priorities)) == len(priorities), f"{region.name}: {peers}"
+        found = wait_until(one_leader, 60)
+        assert found, f"{region.name}: no single leader"
+        holder, leaders = found
+        (leader,) = [name for name, value in leaders.items() if value == 1.0]
+        assert holder.startswith(f"{leader}_"), (holder, leaders)
 
 
 def test_one_replica_reconciles_and_the_standby_takes_over_when_it_goes(

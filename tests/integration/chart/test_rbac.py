@@ -30,6 +30,9 @@ OPERATOR = f"system:serviceaccount:{SESSION_CHART.namespace}:{SESSION_CHART.oper
 BINDING_TIMEOUT_S = 60.0
 #: The namespace the can-i questions are asked about: one the session's operator watches.
 WATCHED = "hl-any"
+#: The leader Lease, in the release's namespace (the chart's default name).
+LEASE = f"{SESSION_CHART.operator_deployment.removesuffix('-operator')}-leader"
+RELEASE_NS = SESSION_CHART.namespace
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ class Ask:
 
 OPERATOR_MAY = [
     *(Ask(v, "rolloutdeployments.hotload.dev") for v in ("get", "list", "watch", "patch")),
-    *(Ask(v, "policysnapshots.hotload.dev") for v in ("get", "list", "watch", "delete")),
+    *(Ask(v, "policysnapshots.hotload.dev") for v in ("get", "list", "watch", "patch", "delete")),
     Ask("patch", "rolloutdeployments.hotload.dev", subresource="status"),
     Ask("patch", "policysnapshots.hotload.dev", subresource="status"),
     *(Ask(v, "pods") for v in ("get", "list", "watch")),
@@ -67,8 +70,8 @@ OPERATOR_MAY = [
     Ask("create", "events"),
     Ask("list", "namespaces", namespace=None),
     Ask("watch", "customresourcedefinitions.apiextensions.k8s.io", namespace=None),
-    Ask("watch", "clusterkopfpeerings.kopf.dev", namespace=None),
-    Ask("patch", "clusterkopfpeerings.kopf.dev/hotload", namespace=None),
+    *(Ask(v, f"leases.coordination.k8s.io/{LEASE}", RELEASE_NS) for v in ("get", "update")),
+    Ask("create", "leases.coordination.k8s.io", RELEASE_NS),
 ]
 OPERATOR_MAY_NOT = [
     *(Ask(v, "pods") for v in ("create", "update", "patch", "delete")),
@@ -80,7 +83,6 @@ OPERATOR_MAY_NOT = [
     Ask("delete", "rolloutdeployments.hotload.dev"),
     Ask("create", "policysnapshots.hotload.dev"),
     Ask("update", "policysnapshots.hotload.dev"),
-    Ask("patch", "policysnapshots.hotload.dev"),
     Ask("update", "rolloutdeployments.hotload.dev", subresource="status"),
     Ask("patch", "events"),
     Ask("delete", "statefulsets.apps"),
@@ -88,7 +90,9 @@ OPERATOR_MAY_NOT = [
     Ask("create", "roles.rbac.authorization.k8s.io"),
     Ask("escalate", "roles.rbac.authorization.k8s.io"),
     Ask("create", "clusterrolebindings.rbac.authorization.k8s.io", namespace=None),
-    Ask("patch", "clusterkopfpeerings.kopf.dev/someone-else", namespace=None),
+    Ask("update", "leases.coordination.k8s.io/someone-else", RELEASE_NS),
+    Ask("update", f"leases.coordination.k8s.io/{LEASE}"),
+    Ask("delete", f"leases.coordination.k8s.io/{LEASE}", RELEASE_NS),
     Ask("create", "customresourcedefinitions.apiextensions.k8s.io", namespace=None),
     Ask("delete", "namespaces", namespace=None),
     Ask("impersonate", "serviceaccounts"),

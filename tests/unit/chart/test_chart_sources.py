@@ -19,30 +19,15 @@ from hotload.cli.crds import render_documents
 REGENERATE = "run `hotload crds --out crds --chart charts/hotload`"
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "hotload"
-#: The chart's one CRD that hotload does not render: kopf's peering resource.
-PEERING_CRD = "clusterkopfpeerings.kopf.dev.yaml"
 
 
 def test_chart_crds_are_the_projects_crds() -> None:
     rendered = render_documents()
     in_chart = {p.name: p.read_text() for p in (CHART / "crds").glob("*.yaml")}
-    assert in_chart.keys() - {PEERING_CRD} == rendered.keys(), REGENERATE
+    assert in_chart.keys() == rendered.keys(), REGENERATE
     for name, text in rendered.items():
         assert in_chart[name] == text, f"charts/hotload/crds/{name} is stale: {REGENERATE}"
         assert (REPO / "crds" / name).read_text() == text
-
-
-def test_the_peering_crd_is_what_kopf_looks_for() -> None:
-    crd = yaml.safe_load((CHART / "crds" / PEERING_CRD).read_text())
-    assert crd["spec"]["group"] == "kopf.dev"
-    assert crd["spec"]["scope"] == "Cluster"
-    assert crd["spec"]["names"]["plural"] == "clusterkopfpeerings"
-    assert crd["spec"]["names"]["kind"] == "ClusterKopfPeering"
-    (version,) = crd["spec"]["versions"]
-    assert (version["name"], version["served"], version["storage"]) == ("v1", True, True)
-    # kopf writes its keep-alives into .status of the object itself: nothing may be pruned.
-    assert version["schema"]["openAPIV3Schema"]["x-kubernetes-preserve-unknown-fields"] is True
-    assert "subresources" not in version
 
 
 def test_chart_and_project_versions_move_together() -> None:
@@ -56,7 +41,7 @@ def test_crds_command_regenerates_both_copies(tmp_path: Path) -> None:
     chart.mkdir()
     (chart / "Chart.yaml").write_text("name: x\n")
     (chart / "crds").mkdir()
-    (chart / "crds" / PEERING_CRD).write_text("kept\n")
+    (chart / "crds" / "other.yaml").write_text("kept\n")  # a CRD of the user's own
 
     out = tmp_path / "crds"
 
@@ -66,7 +51,7 @@ def test_crds_command_regenerates_both_copies(tmp_path: Path) -> None:
     for name, text in render_documents().items():
         assert (out / name).read_text() == text
         assert (chart / "crds" / name).read_text() == text
-    assert (chart / "crds" / PEERING_CRD).read_text() == "kept\n"
+    assert (chart / "crds" / "other.yaml").read_text() == "kept\n"
 
 
 def test_crds_command_refuses_a_directory_that_is_no_chart(tmp_path: Path) -> None:

@@ -6,7 +6,13 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from hotload.api import ConditionStatus, ReplicaState, RolloutDeploymentSpec, SnapshotKind
+from hotload.api import (
+    ConditionStatus,
+    ReplicaState,
+    RolloutDeploymentSpec,
+    SnapshotKind,
+    SnapshotRef,
+)
 from hotload.operator.ledger import parse_ledger
 from hotload.operator.plan import Observation, ObservedDeployment
 from hotload.operator.pods import PodReport
@@ -89,10 +95,15 @@ def observed_snapshot(
     info: SnapshotInfo,
     status: Mapping[str, Any] | None = None,
     created: datetime = T0,
+    *,
+    finalizers: tuple[str, ...] = (),
+    announced: bool = False,
 ) -> ObservedSnapshot:
     status = dict(status or {})
     ledger = parse_ledger(status.get("replicas"))
-    return ObservedSnapshot(info, f"uid-{info.identity}", created, 1, status, ledger)
+    return ObservedSnapshot(
+        info, f"uid-{info.identity}", created, 1, status, ledger, finalizers, announced
+    )
 
 
 def spec(replicas: int = 3, keep: int = 10) -> RolloutDeploymentSpec:
@@ -114,6 +125,7 @@ def observation(
     replicas: int = 3,
     keep: int = 10,
     status: Mapping[str, Any] | None = None,
+    written_target: SnapshotRef | None = None,
 ) -> Observation:
     return Observation(
         deployment=ObservedDeployment(
@@ -123,6 +135,7 @@ def observation(
             generation=1,
             spec=spec(replicas, keep),
             status=dict(status or {}),
+            written_target=written_target,
         ),
         pods=list(pods),
         snapshots={snap.info.identity: snap for snap in snapshots},

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from hotload.api import KvCachePolicy, ReplicaState
+from hotload.api import KvCachePolicy, ReplicaState, SnapshotRef
 from hotload.operator.plan import DeploymentPlan, Observation, plan_deployment
 from hotload.operator.retention import plan_retention
 from hotload.operator.rollout import SnapshotInfo
@@ -211,3 +211,90 @@ def test_retention_deletes_with_the_uid_and_tells_the_user() -> None:
     assert plan.deletions == [("s0", "uid-s0"), ("s1", "uid-s1")]
     assert [e.reason for e in plan.events].count("SnapshotRetired") == 2
     assert "s0" not in plan.snapshot_patches
+
+
+def _target(identity: str, step: int, kind: str = "Full") -> dict[str, Any]:
+    return {"identity": identity, "step": step, "kind": kind, "kvCachePolicy": "all"}
+
+
+def test_a_deleted_target_is_held_by_its_finalizer_and_the_fleet_is_not_rolled_back() -> None:
+    """Would catch: ``kubectl delete psnap`` of the served target rolling the fleet back
+    (finding 4), a held deletion announced on every reconcile, a finalizer left behind."""
+    from hotload.api.labels import SERVED_FINALIZER
+
+    # The target gets its guard in the same plan that moves the target onto it.
+    observed = observation([observed_snapshot(full("s0", 0))], [pod(i) for i in range(2)],
+                           replicas=2)  # fmt: skip
+    plan = plan_deployment(observed, at(1))
+    assert plan.metadata_patches == {"s0": {"finalizers": [SERVED_FINALIZER]}}
+
+    status = {"targetSnapshot": _target("s1", 1)}
+    deleted = observed_snapshot(
+        full("s1", 1, deleting=True), finalizers=(SERVED_FINALIZER,)
+    )  # the user deleted the target every replica serves
+    snaps = [observed_snapshot(full("s0", 0)), deleted]
+    observed = observation(snaps, [pod(i, "s1") for i in range(2)], replicas=2, status=status)
+    plan = plan_deployment(observed, at(2))
+    assert plan.target.target is not None and plan.target.target.identity == "s1"
+    assert [e.reason for e in plan.events if e.reason == "DeletionHeld"] == ["DeletionHeld"]
+    assert list(plan.metadata_patches["s1"]) == ["annotations"]  # said once, recorded
+    assert "s1" not in dict(plan.deletions)
+    announced = observed_snapshot(
+        full("s1", 1, deleting=True), finalizers=(SERVED_FINALIZER,), announced=True
+    )
+    observed = observation([snaps[0], announced], observed.pods, replicas=2, status=status)
+    plan = plan_deployment(observed, at(3))
+    assert "DeletionHeld" not in [e.reason for e in plan.events]
+    assert "s1" not in plan.metadata_patches
+
+    # A newer snapshot is published: the target never moves onto nor stays for a deleted
+    # one once something newer is valid, and the deletion completes when nobody serves it.
+    snaps = [snaps[0], announced, observed_snapshot(full("s2", 2))]
+    observed = observation(snaps, [pod(i, "s2") for i in range(2)], replicas=2,
+                           status={"targetSnapshot": _target("s2", 2)})  # fmt: skip
+    plan = plan_deployment(observed, at(4))
+    assert plan.metadata_patches["s1"] == {"finalizers": []}
+
+
+def test_a_target_edited_by_another_writer_is_repaired_and_said_so() -> None:
+    """Would catch: a hand edit of one field (or a move back) repaired silently or passed
+    off as the operator's own move."""
+    snaps = [observed_snapshot(full("s0", 0)), observed_snapshot(delta("s1", 1, "s0"))]
+    ours = SnapshotRef.model_validate(_target("s1", 1, "Incremental"))
+    edited = {"targetSnapshot": _target("s1", 7, "Incremental")}
+    plan = plan_deployment(
+        observation(snaps, [pod(0, "s1")], replicas=1, status=edited, written_target=ours),
+        at(1),
+    )
+    assert plan.target.target == ours
+    repairs = [e for e in plan.events if e.reason.startswith("Target")]
+    assert [e.reason for e in repairs] == ["TargetRepaired"]
+    assert "step 7" in repairs[0].message
+
+    back = {"targetSnapshot": _target("s0", 0)}
+    plan = plan_deployment(
+        observation(snaps, [pod(0, "s1")], replicas=1, status=back, written_target=ours),
+        at(2),
+    )
+    assert plan.target.target == ours
+    assert [e.reason for e in plan.events if e.reason.startswith("Target")] == ["TargetRepaired"]
+    assert plan.status_patch is not None and "rollback" not in plan.status_patch
+
+
+def test_a_backward_move_of_ours_is_recorded_and_the_next_forward_move_clears_it() -> None:
+    """Would catch: a legitimate fallback the sidecars cannot tell from a hand edit (they
+    follow a backward target only when the rollback record names it)."""
+    snaps = [observed_snapshot(full("s0", 0)), observed_snapshot(delta("s1", 1, "s0"))]
+    status = {"targetSnapshot": _target("s1", 1, "Incremental")}
+    failing = pod(0, "s0", target="s1", state=ReplicaState.FAILED, reason="DecodeFailed",
+                  failed_snapshot="s1")  # fmt: skip
+    plan = plan_deployment(observation(snaps, [failing], replicas=1, status=status), at(5))
+    assert plan.status_patch is not None
+    assert plan.status_patch["rollback"] == {
+        "fromIdentity": "s1", "toIdentity": "s0", "at": "2026-11-23T10:00:05.000Z",
+    }  # fmt: skip
+    status = {"targetSnapshot": _target("s0", 0), "rollback": plan.status_patch["rollback"]}
+    snaps = [*snaps, observed_snapshot(full("s2", 2))]
+    plan = plan_deployment(observation(snaps, [pod(0, "s0")], replicas=1, status=status), at(6))
+    assert plan.target.target is not None and plan.target.target.identity == "s2"
+    assert plan.status_patch is not None and plan.status_patch["rollback"] is None

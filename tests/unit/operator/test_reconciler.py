@@ -10,18 +10,22 @@ watches the deployment), a reconciler that writes again what it just wrote.
 from __future__ import annotations
 
 import asyncio
+import copy
 from typing import Any
 
 import pytest
 
 from hotload.api import API_VERSION
+from hotload.errors import KubeConflict
 from hotload.operator.batching import BatchWindows
+from hotload.operator.fencing import Standalone
 from hotload.operator.metrics import OperatorMetrics
 from hotload.operator.reconciler import DeploymentReconciler, ReconcileTiming
 
 
 class RecordingExecutor:
-    """Answers like the apiserver would (merge patches applied), and records each call."""
+    """Answers like the apiserver would (merge patches applied, a write conditioned on an
+    older resourceVersion refused with 409), and records each call."""
 
     def __init__(self, deployment: dict[str, Any], snapshots: list[dict[str, Any]]) -> None:
         self.deployment = deployment
@@ -29,28 +33,54 @@ class RecordingExecutor:
         self.pods: list[dict[str, Any]] = []
         self.calls: list[tuple[str, str]] = []
         self.version = 100
+        self.leadership = Standalone()
 
     def _bump(self, body: dict[str, Any]) -> dict[str, Any]:
         self.version += 1
         body["metadata"]["resourceVersion"] = str(self.version)
-        return body
+        return copy.deepcopy(body)
+
+    def _precondition(self, body: dict[str, Any], version: str | None) -> None:
+        if version is not None and version != body["metadata"]["resourceVersion"]:
+            self.calls.append(("conflict", body["metadata"]["name"]))
+            raise KubeConflict("the object has been modified", status=409)
 
     async def list_snapshots(self, namespace: str) -> dict[str, Any]:
-        items = list(self.snapshots.values())
+        items = [copy.deepcopy(s) for s in self.snapshots.values()]
         return {"metadata": {"resourceVersion": str(self.version)}, "items": items}
 
-    async def patch_deployment_status(self, ns: str, name: str, status: Any) -> dict[str, Any]:
+    async def get_deployment(self, namespace: str, name: str) -> dict[str, Any]:
+        return copy.deepcopy(self.deployment)
+
+    async def patch_deployment_status(
+        self, ns: str, name: str, status: Any, resource_version: str | None = None
+    ) -> dict[str, Any]:
+        self._precondition(self.deployment, resource_version)
         self.calls.append(("deployment", name))
         self.deployment["status"] = _merge(self.deployment.get("status") or {}, status)
         return self._bump(self.deployment)
 
-    async def patch_snapshot_status(self, ns: str, name: str, status: Any) -> dict[str, Any]:
-        self.calls.append(("snapshot", name))
+    async def patch_snapshot_status(
+        self, ns: str, name: str, status: Any, resource_version: str | None = None
+    ) -> dict[str, Any]:
         body = self.snapshots[name]
+        self._precondition(body, resource_version)
+        self.calls.append(("snapshot", name))
         body["status"] = _merge(body.get("status") or {}, status)
         return self._bump(body)
 
-    async def delete_snapshot(self, ns: str, name: str, uid: str) -> None:
+    async def patch_snapshot_metadata(
+        self, ns: str, name: str, metadata: Any, resource_version: str | None = None
+    ) -> dict[str, Any]:
+        body = self.snapshots[name]
+        self._precondition(body, resource_version)
+        self.calls.append(("metadata", name))
+        body["metadata"] = _merge(body["metadata"], metadata)
+        return self._bump(body)
+
+    async def delete_snapshot(
+        self, ns: str, name: str, uid: str, resource_version: str | None = None
+    ) -> None:
         self.calls.append(("delete", name))
         self.snapshots.pop(name, None)
 
@@ -205,3 +235,39 @@ async def test_a_refused_token_makes_one_fresh_client_for_all_reconcilers() -> N
     executor = KubeExecutor(Client(), OperatorMetrics(), "op", connect)  # type: ignore[arg-type]
     await asyncio.gather(executor.reconnect(), executor.reconnect(), executor.reconnect())
     assert made == ["new", "closed"]
+
+
+async def test_events_go_out_before_the_writes_that_record_what_they_announce() -> None:
+    """Would catch: a leader stopped between its status write and its Event leaving the
+    move unannounced for ever (its successor sees no transition to announce)."""
+    executor = RecordingExecutor(deployment_body(), [snapshot_body("s0", 0)])
+    loop = reconciler(executor)
+    executor.pods = [pod_body(i, 10 + i, state="Loading") for i in range(2)]
+    loop.on_pod_list(executor.pods, str(executor.version))
+    await loop._seed()
+    await loop.reconcile()
+    moved = executor.calls.index(("event", "TargetMoved"))
+    assert moved < executor.calls.index(("deployment", "demo"))
+
+
+async def test_a_write_that_meets_a_newer_object_is_refused_and_planned_again() -> None:
+    """Would catch: a status write planned on an old view overwriting a newer object (a
+    resumed leader rewriting a finished record), or a conflict treated as an outage."""
+    executor = RecordingExecutor(deployment_body(), [snapshot_body("s0", 0)])
+    loop = reconciler(executor)
+    executor.pods = [pod_body(i, 10 + i, snapshot="s0", target="s0", state="Ready")
+                     for i in range(2)]  # fmt: skip
+    loop.on_pod_list(executor.pods, str(executor.version))
+    await loop._seed()
+    await loop.reconcile()
+    # Another writer changes the snapshot after our view of it (a label, say).
+    executor._bump(executor.snapshots["s0"])
+    loop.on_pod("MODIFIED", pod_body(1, 30, target="s0", state="Failed", reason="EngineError"))
+    with pytest.raises(KubeConflict):
+        await loop.reconcile()
+    assert ("conflict", "s0") in executor.calls
+    await loop._seed()  # what the loop does after a conflict: read afresh, plan again
+    await loop.reconcile()
+    assert executor.snapshots["s0"]["status"]["replicas"]["demo-1"]["state"] == "Failed"
+    # Announced before the refused write, and not again when the same plan is retried.
+    assert executor.calls.count(("event", "ReplicaFailed")) == 1

@@ -84,11 +84,33 @@ def test_ready_is_a_latch_and_a_superseded_ledger_is_frozen() -> None:
     ).patch
     assert latched is not None
     status = {**latched}
-    # Later: the target moved on and a replica restarted (serves nothing): nothing is rewritten.
+    # Later: the target moved on and a replica restarted (serves nothing): the record is
+    # sealed as it stands, and nothing else is written.
     later = plan_snapshot_status(
         observed_snapshot(S1, status), valid(), [pod(0)], 1, ref("s2", 2), order_of, at(50)
     )
-    assert later.patch is None
+    assert later.patch == {"sealedAt": "2026-11-23T10:00:50.000Z"}
+    sealed = {**status, **later.patch}
+    assert (
+        plan_snapshot_status(
+            observed_snapshot(S1, sealed), valid(), [pod(0)], 1, ref("s2", 2), order_of, at(60)
+        ).patch
+        is None
+    )
+
+
+def test_a_sealed_record_stays_as_it_is_when_a_rollback_makes_it_the_target_again() -> None:
+    """Would catch: a finished record rewritten (its ledger, its counts) by the one
+    backward move, the return to the last good snapshot."""
+    latched = plan_snapshot_status(
+        observed_snapshot(S1), valid(), [pod(0, "s1")], 1, ref("s1", 1), order_of, at(1)
+    ).patch
+    assert latched is not None
+    sealed = {**latched, "sealedAt": "2026-11-23T10:00:50.000Z"}
+    again = plan_snapshot_status(
+        observed_snapshot(S1, sealed), valid(), [pod(0, "s2")], 1, ref("s1", 1), order_of, at(70)
+    )
+    assert again.patch is None
 
 
 def test_broken_snapshot_never_turns_ready_and_is_failed() -> None:

@@ -119,12 +119,25 @@ def test_options_from_flags_and_the_pod_environment() -> None:
     assert explicit.priority == 7 and explicit.cluster_wide
 
 
+def test_the_lease_runs_kopf_without_peering_in_the_pods_namespace() -> None:
+    env = {"POD_NAME": "hotload-operator-0", "POD_NAMESPACE": "hotload-system"}
+    options = operator_options(
+        namespaces=["hl-*"], all_namespaces=False, peering=None, standalone=False,
+        priority=None, port=8080, environ=env, lease="hotload-leader",
+    )  # fmt: skip
+    assert (options.lease, options.lease_namespace) == ("hotload-leader", "hotload-system")
+    assert options.kopf_standalone  # every replica runs kopf; the Lease decides who writes
+
+
 @pytest.mark.parametrize(
     "flags",
     [
         {"namespaces": ["a"], "all_namespaces": True},
         {"peering": "x", "standalone": True},
         {"port": 0},
+        {"lease": "l", "peering": "x"},
+        {"lease": "l", "standalone": True},
+        {"lease": "l"},  # no namespace for it: neither --lease-namespace nor $POD_NAMESPACE
     ],
 )
 def test_contradicting_flags_are_usage_errors(flags: dict[str, Any]) -> None:
