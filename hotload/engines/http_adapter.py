@@ -32,10 +32,16 @@ class HttpEngine:
     def base_url(self) -> str:
         return self._http.base_url
 
+    def _health_http(self) -> AdminHttp:
+        """The client (and key) the health route takes."""
+        return self._http
+
     async def health(self) -> bool:
         """True when the engine answers its health route with 200."""
         try:
-            response = await self._http.request("GET", self.health_path, timeout=HEALTH_TIMEOUT_S)
+            response = await self._health_http().request(
+                "GET", self.health_path, timeout=HEALTH_TIMEOUT_S
+            )
         except EngineUnavailable:
             return False
         return response.status_code == 200

@@ -18,6 +18,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+#: The version label an adapter gives an engine after a failed load (SGLang, vLLM): no
+#: snapshot's name, so no response and no report names the weights served before it
+#: while they are unknown, until the sidecar's reload names them again.
+UNKNOWN_VERSION = "hotload-weights-unknown"
+
 
 def _sampled_nothing(span: Mapping[str, Any]) -> bool:
     start, end = span.get("start"), span.get("end")

@@ -1,26 +1,47 @@
-"""Adapter for SGLang 0.5.23, as the released server behaves (docs/engines.md, table 1-8).
+"""Adapter for SGLang 0.5.23, as the released server behaves (docs/engines.md).
+
+File and line references are to the release's wheel (``sglang/srt/...``), read for this
+adapter; :mod:`hotload.testing.sglang_app` behaves as they say.
 
 - Full/Incremental: ``POST /update_weights_from_disk`` with ``model_path``,
-  ``weight_version`` = identity, ``flush_cache: false`` and ``abort_all_requests: false``.
-  Unpaused it waits for in-flight generations; paused it applies at once. Anything but
-  ``success: true`` is :class:`EngineRejected`, and the weights are then unknown: 0.5.23
-  "rolls back" by re-reading the new path (``rollback_trusted`` is False), and it updates
-  the version ``/model_info`` reports only on success.
-- LoRA: ``POST /load_lora_adapter {lora_name, lora_path, pinned}``, unload the previous
-  adapter, record the identity with ``POST /update_weight_version``; requests name the
-  adapter in ``lora_path``. Needs ``--enable-lora``.
+  ``weight_version`` = identity and ``abort_all_requests: false``. Unpaused it waits for
+  in-flight generations; paused it applies at once. Anything but ``success: true`` is
+  :class:`EngineRejected`, and the weights are then unknown: 0.5.23 "rolls back" by
+  re-reading the new path (``rollback_trusted`` is False) and keeps reporting the old
+  version, so the adapter names the engine :data:`UNKNOWN_VERSION` at once. The update
+  flushes the cache itself (``flush_cache: true``) only when paused in ``retract`` mode
+  for the ``all`` policy: that flush runs while paused, when the waiting queue does not
+  count (``managers/scheduler.py:5518-5546``).
+- LoRA: ``POST /load_lora_adapter {lora_name, lora_path, pinned}``, then ``POST
+  /update_weight_version``, then the adapter it replaces is unloaded — never while
+  paused: an unload waits for every request using the adapter
+  (``managers/tokenizer_control_mixin.py:633-657``), which a pause holds, so it is sent
+  after ``/continue_generation``; bounded, logged, never raised. Requests name the
+  adapter in ``lora_path``. Needs ``--enable-lora`` (and, without ``--lora-paths``,
+  ``--max-lora-rank`` and ``--lora-target-modules``). A restarted sidecar reads the
+  served adapter back from ``GET /v1/models`` (adapters have ``parent`` = the base).
 - Pause: ``POST /pause_generation {"mode": "in_place"}``, or ``"retract"`` when the cache
-  policy is ``all`` (a flush is refused while an ``in_place`` batch runs, allowed once
-  requests are retracted); ``resume`` then flushes before ``/continue_generation``.
+  policy is ``all`` (running requests re-queued, their KV dropped and recomputed on the
+  new weights). After a ``retract`` pause whose load did not flush, ``resume`` flushes
+  with ``timeout=0`` before ``/continue_generation``: a flush with a timeout needs the
+  waiting queue empty, which retract fills (``scheduler_components/flush_wrapper.py:
+  22-61``), so it would hold the pause for the whole timeout and fail.
   ``PauseMode.WAIT`` sends nothing: an unpaused update already waits.
-- Cache without a pause: ``POST /flush_cache?timeout=S`` (waits up to S s for idle). The
-  radix cache is shared by prefix, not by session: ``none`` and ``new_session`` keep it.
-- Health: ``GET /ready`` (``/health`` runs a generation a pause holds for 20 s, then 503).
+- Cache without a pause: ``POST /flush_cache?timeout=S`` (waits up to S s for an idle
+  engine). The radix cache is shared by prefix, not by session: ``none`` and
+  ``new_session`` keep it.
+- Health: ``GET /ping`` (``is_healthy``: 200 while paused). ``/ready`` answers 503 for the
+  whole of a pause (``entrypoints/http_server.py:714-718``) and ``/health`` runs a
+  generation a pause holds (20 s, then 503).
 - Requests: after a disk update SGLang serves under the loaded path
-  (``served_model_name``), so generation requests name that path as their ``model``.
-- Keys: admin routes carry the admin key (else the API key), ``/model_info`` the API key.
-- Identity: ``/model_info`` ``weight_version``; the launch value (``"default"``) means
-  nothing hotload loaded. Per response: ``metadata.weight_version(s)`` on ``/v1``.
+  (``served_model_name``, read from ``/model_info`` on every report), so generation
+  requests name that as their ``model``.
+- Keys: admin routes carry the admin key (else the API key); ``/model_info``, ``/ping``
+  and ``/v1/models`` the API key.
+- Identity: ``/model_info`` ``weight_version``; the launch value (``--weight-version``,
+  ``spec.engine.launchVersion``, default ``"default"``) means nothing hotload loaded. Per
+  response: ``metadata.weight_version(s)`` on non-streamed ``/v1`` answers; stream chunks
+  name none (the sidecar labels them; docs/engines.md says the window).
 """
 
 from __future__ import annotations
@@ -34,10 +55,10 @@ import httpx
 
 from hotload.api import EngineKind, KvCachePolicy, SnapshotKind
 from hotload.api.kinds import Identity
-from hotload.engines.admin_http import json_object, response_detail
+from hotload.engines.admin_http import AdminHttp, json_object, response_detail
 from hotload.engines.engine_checksum import ChecksumLedger
 from hotload.engines.http_adapter import HttpEngine
-from hotload.engines.identity_fields import weight_versions
+from hotload.engines.identity_fields import UNKNOWN_VERSION, weight_versions
 from hotload.engines.lora_slot import LoraSlot
 from hotload.engines.protocol import EngineReport, PauseMode
 from hotload.errors import EngineBusy, EngineRejected, EngineUnavailable
@@ -54,7 +75,7 @@ _GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 class SGLangEngine(HttpEngine):
     """Drives a running SGLang server over its HTTP admin API."""
 
-    health_path: ClassVar[str] = "/ready"
+    health_path: ClassVar[str] = "/ping"
 
     def __init__(
         self,
@@ -70,7 +91,8 @@ class SGLangEngine(HttpEngine):
     ) -> None:
         super().__init__(base_url, client, api_key=admin_api_key or api_key)
         self._info = self._http.with_key(api_key)
-        """``/model_info`` takes the API key only (admin routes: the admin key)."""
+        """``/model_info``, ``/ping`` and ``/v1`` take the API key only (admin routes:
+        the admin key)."""
         self._load_timeout = load_timeout
         self._flush_timeout = flush_timeout
         self._launch_version = launch_version
@@ -78,13 +100,17 @@ class SGLangEngine(HttpEngine):
         """``spec.engine.verifyDigest``: each Full/Incremental load is checked against the
         engine's own checksum the same snapshot gave before."""
         self._lora = LoraSlot(self._http, engine="SGLang", unload_path="/unload_lora_adapter")
-        self._paused_for_flush = False
-        """Paused in ``retract`` mode for the ``all`` policy: flush before continuing."""
+        self._paused: str | None = None
+        """The mode this adapter paused SGLang in (``in_place``, ``retract``), until resumed."""
         self._flushed = False
-        """The flush of the ``all`` policy already happened during this swap's pause."""
+        """The ``all`` policy's flush already happened during this swap's pause."""
+        self._unload_after_resume: list[str] = []
+        """Adapters replaced while paused: unloaded once generation continues."""
         self._served_model: str | None = None
         """SGLang's ``served_model_name`` now: it becomes the loaded path on every disk
         update (``tokenizer_manager._update_model_path_info``)."""
+        self._lora_synced: str | None = None
+        """The identity for which the served adapter was read from ``/v1/models``."""
 
     @property
     def kind(self) -> EngineKind:
@@ -95,11 +121,21 @@ class SGLangEngine(HttpEngine):
         """False: a failed update leaves the weights part new, part old (see module doc)."""
         return False
 
+    def _health_http(self) -> AdminHttp:
+        """``GET /ping`` takes the API key (it is no probe path to SGLang's auth)."""
+        return self._info
+
     async def report(self, *, digest: bool = False) -> EngineReport:
-        """The weight version it serves (None for its launch value). No instance id: a
-        restart shows as the version returning to its launch value. No digest: SGLang's
-        checksums are of its own fused parameters, not the snapshot's tensors."""
-        return EngineReport(await self.served_identity(), None, None)
+        """The weight version it serves (None for its launch value or unknown weights).
+        No instance id: a restart shows as the version returning to its launch value. No
+        digest: SGLang's checksums are of its own fused parameters, not the snapshot's."""
+        info = await self._model_info()
+        served = info.get("served_model_name")
+        if isinstance(served, str) and served:
+            self._served_model = served
+        identity = self._identity(info.get("weight_version"))
+        await self._sync_lora(identity)
+        return EngineReport(identity, None, None)
 
     @property
     def active_lora(self) -> str | None:
@@ -108,8 +144,10 @@ class SGLangEngine(HttpEngine):
 
     async def served_identity(self) -> str | None:
         """``weight_version`` of ``/model_info``; None for the launch value."""
-        version = (await self._model_info()).get("weight_version")
-        if version in (None, "", self._launch_version):
+        return self._identity((await self._model_info()).get("weight_version"))
+
+    def _identity(self, version: object) -> str | None:
+        if version in (None, "", self._launch_version, UNKNOWN_VERSION):
             return None
         return str(version)
 
@@ -120,6 +158,16 @@ class SGLangEngine(HttpEngine):
                 "SGLang /model_info failed", url=self.base_url, status=response.status_code
             )
         return json_object(response)
+
+    async def _sync_lora(self, identity: str | None) -> None:
+        """Which adapter requests go to, read back from the engine (a restarted sidecar
+        knows nothing; without it the base weights would answer under the LoRA's name)."""
+        if identity is None or identity == self._lora.active or identity == self._lora_synced:
+            return
+        response = await self._info.request("GET", "/v1/models")
+        if response.status_code == 200:
+            self._lora_synced = identity
+            self._lora.adopt(json_object(response), identity)
 
     async def weights_checksum(self) -> str:
         """``per_engine_checksum`` of ``/weights_checker`` (a hash over every rank's hashes
@@ -141,13 +189,14 @@ class SGLangEngine(HttpEngine):
         if kind is SnapshotKind.LORA:
             await self._load_lora(path, identity)
             return
+        flush = self._paused == "retract" and not self._flushed
         response = await self._http.request(
             "POST",
             "/update_weights_from_disk",
             json={
                 "model_path": str(path),
                 "weight_version": identity,
-                "flush_cache": False,
+                "flush_cache": flush,
                 "abort_all_requests": False,
             },
             timeout=self._load_timeout,
@@ -155,10 +204,12 @@ class SGLangEngine(HttpEngine):
         body = json_object(response)
         if response.status_code == 200 and body.get("success") is True:
             self._served_model = str(path)
-            await self._lora.clear()
+            self._flushed = self._flushed or flush
+            await self._unload_replaced(self._lora.route(None))
             if self._checksums is not None:
                 self._checksums.check(identity, await self.weights_checksum(), url=self.base_url)
             return
+        await self._mark_unknown()
         detail = str(body.get("message") or response_detail(response))
         raise EngineRejected(
             f"SGLang refused the weights (what it serves now is unknown): {detail}",
@@ -168,11 +219,23 @@ class SGLangEngine(HttpEngine):
             status=response.status_code,
         )
 
+    async def _mark_unknown(self) -> None:
+        """After a failed update: 0.5.23 still names the old version over part-new
+        weights; name none instead (best effort), so no response claims the old one."""
+        try:
+            await self._set_version(UNKNOWN_VERSION)
+        except (EngineRejected, EngineUnavailable) as err:
+            log.warning(
+                "SGLang still names the weights it served before a failed update",
+                extra={"url": self.base_url, "error": str(err)},
+            )
+
     async def _load_lora(self, path: Path, identity: Identity) -> None:
         if self._lora.active == identity:
             # Loading it again (a reload after a failed load or a restart): SGLang refuses
             # a name it holds ("already exists"), so it goes first.
-            await self._lora.clear()
+            self._lora.route(None)
+            await self._lora.unload(identity)
         response = await self._http.request(
             "POST",
             "/load_lora_adapter",
@@ -188,8 +251,19 @@ class SGLangEngine(HttpEngine):
                 path=str(path),
                 status=response.status_code,
             )
-        await self._lora.replace(identity)
+        replaced = self._lora.route(identity)
         await self._set_version(identity)
+        await self._unload_replaced(replaced)
+
+    async def _unload_replaced(self, name: str | None) -> None:
+        """Unload an adapter no request is routed to any more — after the resume when
+        paused: the unload waits for the requests using it, which the pause holds."""
+        if name is None:
+            return
+        if self._paused is not None:
+            self._unload_after_resume.append(name)
+            return
+        await self._lora.unload(name, timeout=self._flush_timeout)
 
     async def _set_version(self, identity: Identity) -> None:
         response = await self._http.request(
@@ -207,12 +281,11 @@ class SGLangEngine(HttpEngine):
 
     async def pause(self, mode: PauseMode, *, cache_policy: KvCachePolicy | None = None) -> None:
         """``in_place`` keeps running requests' KV; for the ``all`` policy ``retract``
-        drops it (they re-prefill on the new weights) and lets the flush run."""
+        drops it (they re-prefill on the new weights) and lets the flush run paused."""
         self._flushed = False
         if mode is PauseMode.WAIT:
             return  # an unpaused update already waits for in-flight generations
-        flush = cache_policy is KvCachePolicy.ALL
-        engine_mode = "retract" if flush else "in_place"
+        engine_mode = "retract" if cache_policy is KvCachePolicy.ALL else "in_place"
         response = await self._http.request("POST", "/pause_generation", json={"mode": engine_mode})
         if response.status_code != 200:
             raise EngineBusy(
@@ -220,14 +293,14 @@ class SGLangEngine(HttpEngine):
                 url=self.base_url,
                 status=response.status_code,
             )
-        self._paused_for_flush = flush
+        self._paused = engine_mode
 
     async def resume(self) -> None:
-        """Continue generation; after a ``retract`` pause, flush the cache first (the only
-        moment 0.5.23 accepts a flush under traffic)."""
-        if self._paused_for_flush:
-            self._paused_for_flush = False
-            self._flushed = await self._flush(timeout=self._flush_timeout)
+        """Continue generation; after a ``retract`` pause whose load did not flush, flush
+        first with ``timeout=0`` (paused, the re-queued requests do not count); then
+        unload the adapters replaced during the pause."""
+        if self._paused == "retract" and not self._flushed:
+            self._flushed = await self._flush(timeout=0.0)
         response = await self._http.request("POST", "/continue_generation", json={})
         if response.status_code != 200:
             raise EngineBusy(
@@ -235,6 +308,10 @@ class SGLangEngine(HttpEngine):
                 url=self.base_url,
                 status=response.status_code,
             )
+        self._paused = None
+        replaced, self._unload_after_resume = self._unload_after_resume, []
+        for name in replaced:
+            await self._lora.unload(name, timeout=self._flush_timeout)
 
     async def reset_cache(self, policy: KvCachePolicy) -> None:
         if policy is not KvCachePolicy.ALL:
@@ -279,5 +356,7 @@ class SGLangEngine(HttpEngine):
 
     def identities_of(self, payload: Mapping[str, Any]) -> list[str]:
         """``metadata.weight_version(s)`` on ``/v1`` answers, ``meta_info`` on
-        ``/generate``; the launch value names no snapshot."""
-        return [v for v in weight_versions(payload) if v != self._launch_version]
+        ``/generate``; the launch value and the label of unknown weights name none."""
+        return [
+            v for v in weight_versions(payload) if v not in (self._launch_version, UNKNOWN_VERSION)
+        ]

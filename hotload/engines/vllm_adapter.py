@@ -37,7 +37,8 @@ server's own OpenAPI schema says whether ``/v1`` requests take ``return_weight_v
   loaded). Where offered, generation requests get ``return_weight_versions: true``; each
   choice then carries ``weight_versions`` spans (in a stream, only the last chunk).
 - Instance: ``vllm_config.instance_id`` of ``GET /server_info?config_format=json`` (its
-  first call runs ``collect_env``: seconds), fetched once per engine start and cached;
+  first call runs ``collect_env``: seconds; a report waits :data:`INSTANCE_WAIT_S` for it
+  and goes on without the id, the request continuing for the next report), cached;
   each API-server process has its own id (``--api-server-count``), so a new id is a
   restart only when the version also fell back to the launch value, else another API
   server of the same engine.
@@ -45,6 +46,7 @@ server's own OpenAPI schema says whether ``/v1`` requests take ``return_weight_v
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import logging
@@ -60,10 +62,10 @@ from hotload.engines.admin_http import json_object, response_detail
 from hotload.engines.checkpoint_check import check_checkpoint
 from hotload.engines.engine_checksum import ChecksumLedger, checksums_digest
 from hotload.engines.http_adapter import HttpEngine
-from hotload.engines.identity_fields import weight_versions
+from hotload.engines.identity_fields import UNKNOWN_VERSION, weight_versions
 from hotload.engines.lora_slot import LoraSlot
 from hotload.engines.protocol import EngineReport, PauseMode
-from hotload.errors import EngineBusy, EngineRejected, EngineUnavailable
+from hotload.errors import EngineBusy, EngineRejected, EngineUnavailable, HotloadError
 from hotload.waiting import wait_until_async
 
 log = logging.getLogger(__name__)
@@ -72,11 +74,12 @@ DEFAULT_LOAD_TIMEOUT = 1800.0
 DEFAULT_FLUSH_TIMEOUT = 30.0
 #: vLLM's ``EngineCore._weight_version`` at start: what it reports before any update.
 LAUNCH_VERSION = "default"
-#: The label a failed reload leaves on the engine: no snapshot's name (the weights are
-#: unknown until the sidecar reloads), so no response is labelled with the old one.
-UNKNOWN_VERSION = "hotload-weights-unknown"
 #: The first ``/server_info`` runs ``collect_env`` (seconds on a busy node).
 SERVER_INFO_TIMEOUT = 60.0
+#: How long a report waits for ``/server_info`` before it goes on without the instance id
+#: (the request continues in the background; its answer serves the next report). Under
+#: the sidecar's report timeout (10 s), above the first call's usual ~3 s.
+INSTANCE_WAIT_S = 4.0
 #: sha256 of nothing: what ``/weight_checker`` reports for a parameter it cannot read
 #: (on CPU every linear layer, repacked by oneDNN).
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -122,6 +125,8 @@ class VLLMEngine(HttpEngine):
         """Ids of other API-server processes of the same engine start."""
         self._lora_synced: tuple[str | None, str | None] | None = None
         """(instance, identity) for which the served adapter was read from the engine."""
+        self._instance_ask: asyncio.Task[str | None] | None = None
+        """A ``/server_info`` still under way (the first runs ``collect_env``)."""
 
     @property
     def kind(self) -> EngineKind:
@@ -199,11 +204,12 @@ class VLLMEngine(HttpEngine):
         value again (the label a restart always resets), else another API-server process
         of the same engine (each has its own id) and the cached id stands."""
         try:
-            seen = await self.instance_id()
+            seen = await self._instance_answer()
         except EngineUnavailable:
-            if self._instance is not None:
-                return self._instance  # slow or dropped: the id of this start stands
-            raise
+            # Slow (collect_env) or dropped: the id of this start stands, or none is
+            # reported yet; the version still tells a restart (it returns to its launch
+            # value), and the report is not lost for want of an id.
+            return self._instance
         if seen is None:
             return self._instance
         if self._instance is None or seen == self._instance or seen in self._siblings:
@@ -214,6 +220,28 @@ class VLLMEngine(HttpEngine):
         else:
             self._siblings.add(seen)
         return self._instance
+
+    async def _instance_answer(self) -> str | None:
+        """``/server_info``'s id if it answers within :data:`INSTANCE_WAIT_S`; else
+        ``EngineUnavailable`` while the request goes on for the next report."""
+        ask = self._instance_ask
+        if ask is None:
+            ask = self._instance_ask = asyncio.ensure_future(self.instance_id())
+        done, _ = await asyncio.wait({ask}, timeout=INSTANCE_WAIT_S)
+        if not done:
+            raise EngineUnavailable(
+                "vLLM /server_info is still answering", url=self.base_url, timeout=INSTANCE_WAIT_S
+            )
+        self._instance_ask = None
+        return ask.result()
+
+    async def aclose(self) -> None:
+        ask, self._instance_ask = self._instance_ask, None
+        if ask is not None and not ask.done():
+            ask.cancel()
+            with contextlib.suppress(asyncio.CancelledError, HotloadError):
+                await ask
+        await super().aclose()
 
     async def instance_id(self) -> str | None:
         """``vllm_config.instance_id`` of dev-mode ``/server_info`` (the start time in ns
@@ -244,19 +272,8 @@ class VLLMEngine(HttpEngine):
         response = await self._http.request("GET", "/v1/models", retry_dropped=True)
         if response.status_code != 200:
             return
-        data = json_object(response).get("data")
-        adapters = {
-            str(entry.get("id"))
-            for entry in data or []
-            if isinstance(entry, dict) and entry.get("parent")
-        }
         self._lora_synced = key
-        if identity in adapters:
-            log.info(
-                "the engine serves a LoRA adapter; requests are routed to it",
-                extra={"url": self.base_url, "adapter": identity},
-            )
-            self._lora.active = identity
+        self._lora.adopt(json_object(response), identity)
 
     async def weights_checksum(self) -> str | None:
         """One digest over ``/weight_checker``'s sha256 of every parameter vLLM holds
@@ -321,7 +338,9 @@ class VLLMEngine(HttpEngine):
                 status=response.status_code,
             )
         await self._set_version(identity)
-        await self._lora.clear()
+        replaced = self._lora.route(None)
+        if replaced is not None:
+            await self._lora.unload(replaced)
         if self._checksums is not None:
             checksum = await self.weights_checksum()
             if checksum is not None:
@@ -370,8 +389,10 @@ class VLLMEngine(HttpEngine):
                 path=str(path),
                 status=response.status_code,
             )
-        await self._lora.replace(identity)
+        replaced = self._lora.route(identity)
         await self._set_version(identity)
+        if replaced is not None:
+            await self._lora.unload(replaced)
 
     async def _set_version(self, identity: Identity) -> None:
         response = await self._http.request(

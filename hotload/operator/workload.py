@@ -137,8 +137,8 @@ def _engine_env(deployment: RolloutDeployment) -> list[KubeObject]:
             {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "1"},
         ]
     if kind is EngineKind.SGLANG:
-        # /health runs a generation, which a pause holds for 20 s and then fails: keep it
-        # plain for anything else that probes it (engine-facts.md).
+        # /health runs a generation, which a pause holds for 20 s and then fails: plain,
+        # it answers 200 without generating, and needs no key (docs/engines.md).
         env.append({"name": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "value": "0"})
     return env
 

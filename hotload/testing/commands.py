@@ -40,11 +40,16 @@ def fake_sglang(
     api_key: str = typer.Option("", "--api-key", envvar=ENV_ENGINE_API_KEY),
     admin_api_key: str = typer.Option("", "--admin-api-key", envvar=ENV_ENGINE_ADMIN_API_KEY),
     enable_lora: bool = typer.Option(False, "--enable-lora", help="Accept LoRA adapters."),
+    max_lora_rank: int | None = typer.Option(None, "--max-lora-rank", min=1),
+    lora_target_modules: list[str] = typer.Option(
+        [], "--lora-target-modules", help="Repeat per module (0.5.23 also takes a list)."
+    ),
     token_interval: float = typer.Option(
         0.02, "--token-interval", min=0.0, help="Seconds per generated token."
     ),
 ) -> None:
-    """Serve a fake SGLang 0.5.23 (its routes and answers; tensors held, no model run)."""
+    """Serve a fake SGLang 0.5.23 (its routes and answers; tensors held, no model run).
+    As 0.5.23, ``--enable-lora`` needs ``--max-lora-rank`` and ``--lora-target-modules``."""
     import os
 
     import uvicorn
@@ -61,6 +66,8 @@ def fake_sglang(
         api_key=api_key or None,
         admin_api_key=admin_api_key or None,
         enable_lora=enable_lora,
+        max_lora_rank=max_lora_rank,
+        lora_target_modules=tuple(lora_target_modules),
         health_generation=os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "1")
         not in ("0", "false", "False"),
         health_timeout=float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20")),

@@ -23,7 +23,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from hotload.testing.contract import ContractViolation, EngineContract
-from hotload.testing.state import FakeEngineState, Generation
+from hotload.testing.state import Admission, FakeEngineState, Generation
 
 DEFAULT_MAX_TOKENS = 16
 
@@ -131,8 +131,11 @@ async def stream_generation(
     prompt: str,
     max_tokens: int,
     chunk: Callable[[Generation, str, bool], dict[str, Any]],
+    *,
+    admission: Admission | None = None,
 ) -> AsyncIterator[bytes]:
-    """SSE of one generation: a chunk per token, a last chunk with the finish reason."""
+    """SSE of one generation: a chunk per token, a last chunk with the finish reason (an
+    error event when ``admission`` refuses it once the stream began)."""
     queue: asyncio.Queue[bytes | None] = asyncio.Queue()
 
     async def on_token(generation: Generation, token: str) -> None:
@@ -140,8 +143,11 @@ async def stream_generation(
 
     async def run() -> None:
         try:
-            generation = await state.generate(prompt, max_tokens, on_token)
+            generation = await state.generate(prompt, max_tokens, on_token, admission=admission)
             await queue.put(sse(chunk(generation, "", True)))
+            await queue.put(b"data: [DONE]\n\n")
+        except ValueError as err:
+            await queue.put(sse({"error": {"message": str(err), "code": 400}}))
             await queue.put(b"data: [DONE]\n\n")
         finally:
             await queue.put(None)

@@ -1,16 +1,43 @@
 """A server that answers like SGLang 0.5.23's ``http_server`` for what hotload uses.
 
-Behaviour copied from the released source (see docs/engines.md for the list): a disk
-update waits for in-flight generations unless paused, names the weights
-``weight_version`` and renames ``served_model_name`` and ``model_path`` to the loaded path
-on success; a failed update "rolls back" by re-reading the *new* path, so the weights are
-left part new, part old while ``/model_info`` still names the old version; ``/health``
-runs a generation (held by a pause: 503 after ``SGLANG_HEALTH_CHECK_TIMEOUT``) unless
-``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0``; ``/ready`` does not; ``/flush_cache``
-refuses while the running batch is not empty (a ``retract`` pause empties it, an
-``in_place`` one does not); non-streamed ``/v1`` answers carry
-``metadata.weight_version(s)``, stream chunks carry none; admin routes take the admin key
-when one is set, ``/model_info`` and ``/v1`` the API key.
+Each behaviour is the release's, read in its wheel (``sglang/srt/...`` of
+``sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl``; file hashes in
+``tests/fixtures/engines/sglang-0.5.23/source.json``):
+
+- ``/update_weights_from_disk``: unpaused it takes the update writer lock, so it waits for
+  in-flight generations and holds new ones; paused it applies at once
+  (``managers/tokenizer_manager.py:2302-2313``). On success the version is recorded and
+  ``served_model_name``/``model_path`` become the loaded path
+  (``tokenizer_manager.py:2315-2320, 2365-2386``); a failed load "rolls back" by re-reading
+  the *new* path, so the weights are left part new, part old under the old label
+  (``model_runner_components/weight_updater.py``). With ``flush_cache`` (default true) the
+  cache is flushed right after the load, under the same rule as ``/flush_cache?timeout=0``
+  (below); a refused flush fails the call although the weights changed, and then neither
+  the version nor the model path is updated (``managers/scheduler_components/
+  weight_updater.py:120-131, 137-160``; ``tokenizer_manager.py:2315-2320``).
+- ``/flush_cache?timeout=S``: with ``S <= 0`` it flushes at once when the running batch is
+  empty — the waiting queue ignored *while paused* (``managers/scheduler.py:5518-5546,
+  5337-5356``); with ``S > 0`` it needs the engine *fully* idle, waiting queue included
+  (``scheduler_components/flush_wrapper.py:22-61`` calls ``is_fully_idle()`` without
+  ``ignore_waiting``), and answers 400 at the deadline. A ``retract`` pause moves running
+  requests back to the waiting queue (``scheduler.py:5841-5910``): after it, ``timeout=0``
+  succeeds and any ``timeout > 0`` waits the whole timeout, then fails.
+- ``/pause_generation``: ``in_place`` only sets the flag (``scheduler.py:5817-5829``),
+  ``retract`` drops running requests' KV and re-queues them, ``abort`` aborts them
+  (``tokenizer_manager.py:2267-2280``); new requests wait while paused
+  (``tokenizer_manager.py:938-939``).
+- ``/ready`` answers 503 for the whole of a pause (``entrypoints/http_server.py:714-718``,
+  ``tokenizer_manager.py:732-734``: ``not is_pause and is_healthy()``); ``/ping`` answers
+  200 whenever the server is up, paused or not (``http_server.py:2190-2199``,
+  ``tokenizer_manager.py:728-730``); ``/health`` runs a one-token generation that a pause
+  holds until ``SGLANG_HEALTH_CHECK_TIMEOUT``, then 503, unless
+  ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0`` (``http_server.py:721-799``).
+- LoRA adapters (:mod:`hotload.testing.sglang_lora`): an unload waits for every request
+  using the adapter; ``/v1/models`` lists loaded adapters with ``parent`` = the served name
+  and ``root`` = their path (``http_server.py:1993-2022``).
+- Non-streamed ``/v1`` answers carry ``metadata.weight_version(s)``, stream chunks none;
+  admin routes take the admin key when one is set, ``/model_info`` and ``/v1`` the API
+  key, probes (``/health*``, ``/ready*``, ``/metrics``) none (``utils/auth.py:74-150``).
 """
 
 from __future__ import annotations
@@ -39,6 +66,12 @@ from hotload.testing.http import (
     refuse,
     stream_generation,
 )
+from hotload.testing.sglang_lora import (
+    FakeLoraRegistry,
+    LoraRequest,
+    adapter_dir_exists,
+    check_lora_args,
+)
 from hotload.testing.state import FakeEngineState, Generation, Pause, Rules
 from hotload.testing.weights import LoadFailedMidway
 
@@ -54,6 +87,9 @@ class SGLangOptions:
     api_key: str | None = None
     admin_api_key: str | None = None
     enable_lora: bool = False
+    lora_paths: tuple[str, ...] = ()
+    max_lora_rank: int | None = None
+    lora_target_modules: tuple[str, ...] = ()
     health_generation: bool = True
     """``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION`` (default on, as released)."""
     health_timeout: float = 20.0
@@ -91,6 +127,12 @@ def auth_refusal(
 
 def create_app(options: SGLangOptions, contract: EngineContract | None = None) -> FastAPI:
     contract = contract or EngineContract.load("sglang")
+    check_lora_args(
+        enable_lora=options.enable_lora,
+        lora_paths=options.lora_paths,
+        max_lora_rank=options.max_lora_rank,
+        lora_target_modules=options.lora_target_modules,
+    )
     state = FakeEngineState(
         version=options.weight_version,
         served_name=options.served_name or options.model_path,
@@ -99,7 +141,8 @@ def create_app(options: SGLangOptions, contract: EngineContract | None = None) -
         token_interval=options.token_interval,
     )
     shapes = OpenAIShapes(contract)
-    loras: dict[str, str] = {}
+    loras = FakeLoraRegistry(adapter_dir_exists(options.root))
+    state.details["lora"] = loras.describe
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -137,6 +180,12 @@ def create_app(options: SGLangOptions, contract: EngineContract | None = None) -
 
     @app.get("/ready")
     async def ready() -> Response:
+        # is_ready(): not paused and healthy (tokenizer_manager.py:732-734).
+        return Response(status_code=503 if state.paused is not None else 200)
+
+    @app.get("/ping")
+    async def ping() -> Response:
+        # is_healthy() only: a paused server is up (http_server.py:2190-2199).
         return Response(status_code=200)
 
     async def health_generate() -> Response:
@@ -199,15 +248,21 @@ def create_app(options: SGLangOptions, contract: EngineContract | None = None) -
                 return False, f"Failed to update weights: {err}.\nRolling back to original weights."
             except EngineRejected as err:
                 return False, f"Failed to get weights iterator: {err}."
+            if body.get("flush_cache", True) and not await state.flush(
+                timeout=0, ignore_held=state.paused is not None
+            ):
+                # weight_updater.py:120-131: the weights changed; the call fails, so the
+                # version and the model path stay as they were (tokenizer_manager.py).
+                return False, (
+                    "Weights were updated, but the cache was not flushed because requests "
+                    "are still running or queued. Retract or finish them, then call "
+                    "/flush_cache."
+                )
             version = body.get("weight_version")
             if version is not None:
                 state.version = version
             state.model_path = path
             state.served_name = path
-            if body.get("flush_cache", True) and not await state.flush(
-                timeout=0, ignore_held=state.paused is not None
-            ):
-                return False, "Failed to flush cache after weight update."
             return True, "Succeeded to update model weights."
 
         if state.paused is None:
@@ -261,9 +316,16 @@ def create_app(options: SGLangOptions, contract: EngineContract | None = None) -
         except ContractViolation as err:
             return refuse(err)
         timeout = float(request.query_params.get("timeout", 0.0))
-        if await state.flush(timeout=timeout, ignore_held=state.paused is not None):
+        if timeout <= 0:
+            # scheduler.flush_cache: the waiting queue is ignored while paused.
+            flushed = await state.flush(timeout=0, ignore_held=state.paused is not None)
+        else:
+            # flush_wrapper: fully idle, waiting queue included, paused or not.
+            flushed = await state.flush(timeout=timeout, ignore_held=False)
+        if flushed:
             return Response("Cache flushed.\n", status_code=200)
-        return Response("Flush cache failed.\n", status_code=400)
+        message = "Timed out waiting for idle state." if timeout > 0 else "Flush cache failed.\n"
+        return Response(message, status_code=400)
 
     @app.api_route("/weights_checker", methods=["GET", "POST"])
     async def weights_checker(request: Request) -> Response:
@@ -298,20 +360,15 @@ def create_app(options: SGLangOptions, contract: EngineContract | None = None) -
             body = await body_of(request)
         except ContractViolation as err:
             return refuse(err)
-        if not options.enable_lora:
-            result = contract.example(
-                "LoRAUpdateOutput",
-                success=False,
-                error_message="LoRA is not enabled. Please set `--enable-lora` to True.",
-            )
+        error: str | None = "LoRA is not enabled. Please set `--enable-lora` to enable LoRA."
+        if options.enable_lora:
+            error = await loras.load(body["lora_name"], body["lora_path"])
+        if error is not None:
+            result = contract.example("LoRAUpdateOutput", success=False, error_message=error)
             return JSONResponse(result, status_code=400)
-        if not local(body["lora_path"]).is_dir():
-            result = contract.example(
-                "LoRAUpdateOutput", success=False, error_message="lora_path not found"
-            )
-            return JSONResponse(result, status_code=400)
-        loras[body["lora_name"]] = body["lora_path"]
-        result = contract.example("LoRAUpdateOutput", success=True, loaded_adapters=dict(loras))
+        result = contract.example(
+            "LoRAUpdateOutput", success=True, loaded_adapters=dict(loras.registered)
+        )
         return JSONResponse(result)
 
     @app.post("/unload_lora_adapter")
@@ -320,20 +377,20 @@ def create_app(options: SGLangOptions, contract: EngineContract | None = None) -
             body = await body_of(request)
         except ContractViolation as err:
             return refuse(err)
-        if loras.pop(body["lora_name"], None) is None:
-            result = contract.example(
-                "LoRAUpdateOutput", success=False, error_message="adapter not loaded"
-            )
+        error = await loras.unload(body["lora_name"])
+        if error is not None:
+            result = contract.example("LoRAUpdateOutput", success=False, error_message=error)
             return JSONResponse(result, status_code=400)
         return JSONResponse(contract.example("LoRAUpdateOutput", success=True))
 
     @app.get("/v1/models")
     async def models() -> Response:
         cards = [contract.example("ModelCard", id=state.served_name, root=state.served_name)]
-        cards += [
-            contract.example("ModelCard", id=name, root=path, parent=state.served_name)
-            for name, path in loras.items()
-        ]
+        if options.enable_lora:
+            cards += [
+                contract.example("ModelCard", id=name, root=path, parent=state.served_name)
+                for name, path in loras.registered.items()
+            ]
         return JSONResponse(contract.example("ModelList", data=cards))
 
     def metadata(generation: Generation) -> dict[str, Any]:
@@ -342,20 +399,25 @@ def create_app(options: SGLangOptions, contract: EngineContract | None = None) -
             meta["weight_versions"] = [dict(span) for span in generation.spans]
         return meta
 
-    def lora_refusal(model: str, lora_path: Any) -> str | None:
+    def adapter_of(model: str, lora_path: Any) -> str | None:
         """``serving_base._parse_model_parameter`` + ``_resolve_lora_path``: a ``model``
         that is not the served name and holds a colon names an adapter (``base:adapter``)."""
         adapter = lora_path if isinstance(lora_path, str) else None
         if ":" in model and model != state.served_name:
             prefix = f"{state.served_name}:"
             adapter = model[len(prefix) :] if model.startswith(prefix) else model.split(":")[1]
-        if not adapter:
+        return adapter or None
+
+    def lora_refusal(adapter: str | None) -> str | None:
+        if adapter is None:
             return None
         if not options.enable_lora:
             return f"LoRA adapter '{adapter}' was requested, but LoRA is not enabled."
-        if adapter not in loras:
-            return f"Got LoRA adapter that has never been loaded: {adapter}"
-        return None
+        return loras.refusal(adapter)
+
+    def bad_request(message: str) -> Response:
+        error = {"object": "error", "message": message, "type": "BadRequestError"}
+        return JSONResponse({**error, "param": None, "code": 400}, status_code=400)
 
     async def generate(request: Request, chat: bool) -> Response:
         try:
@@ -365,10 +427,11 @@ def create_app(options: SGLangOptions, contract: EngineContract | None = None) -
         prompt = prompt_of(request.url.path, body)
         max_tokens = max_tokens_of(body)
         model = body.get("model") or state.served_name
-        refusal = lora_refusal(model, body.get("lora_path"))
+        adapter = adapter_of(model, body.get("lora_path"))
+        refusal = lora_refusal(adapter)
         if refusal is not None:
-            error = {"object": "error", "message": refusal, "type": "BadRequestError"}
-            return JSONResponse({**error, "param": None, "code": 400}, status_code=400)
+            return bad_request(refusal)
+        admission = LoraRequest(loras, adapter) if adapter is not None else None
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-fake"
         if body.get("stream"):
 
@@ -379,14 +442,17 @@ def create_app(options: SGLangOptions, contract: EngineContract | None = None) -
                 return shapes.response(chat, True, model, request_id, [choice])
 
             return StreamingResponse(
-                stream_generation(state, prompt, max_tokens, chunk),
+                stream_generation(state, prompt, max_tokens, chunk, admission=admission),
                 media_type="text/event-stream",
             )
 
         async def no_stream(generation: Generation, token: str) -> None:
             return None
 
-        generation = await state.generate(prompt, max_tokens, no_stream)
+        try:
+            generation = await state.generate(prompt, max_tokens, no_stream, admission=admission)
+        except ValueError as err:  # the adapter was unloaded while the request waited
+            return bad_request(str(err))
         choice = shapes.choice(
             chat, False, "".join(generation.text), finish_reason=generation.finish_reason
         )

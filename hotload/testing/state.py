@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from hotload.testing.weights import LoadFailedMidway, TensorStore
 from hotload.waiting import wait_until_async
@@ -75,6 +75,18 @@ class Rules:
     """vLLM answers 503 to new requests while paused in ``abort``/``wait``."""
 
 
+class Admission(Protocol):
+    """What a request holds while it runs, taken after the pause lets it in."""
+
+    async def admit(self) -> None:
+        """Take it (an exception refuses the request)."""
+        ...
+
+    async def release(self) -> None:
+        """Give it back when the request ends."""
+        ...
+
+
 class RefusedWhilePaused(Exception):
     """A new request arrived while the engine refuses them (vLLM abort/wait pauses)."""
 
@@ -107,6 +119,8 @@ class FakeEngineState:
         self._gate_open = asyncio.Event()
         self._gate_open.set()
         self._changed = asyncio.Condition()
+        self.details: dict[str, Callable[[], Any]] = {}
+        """More of an app's own state for :meth:`describe` (the SGLang fake's adapters)."""
 
     # --- weights -------------------------------------------------------------------
 
@@ -181,12 +195,22 @@ class FakeEngineState:
     # --- generation ----------------------------------------------------------------
 
     async def generate(
-        self, prompt: str, max_tokens: int, on_token: Callable[[Generation, str], Awaitable[None]]
+        self,
+        prompt: str,
+        max_tokens: int,
+        on_token: Callable[[Generation, str], Awaitable[None]],
+        *,
+        admission: Admission | None = None,
     ) -> Generation:
-        """Generate ``max_tokens`` tokens (calls ``on_token`` for each) and return the result."""
+        """Generate ``max_tokens`` tokens (calls ``on_token`` for each) and return the result.
+
+        ``admission`` runs once the request passed the pause and the update lock (SGLang
+        resolves and counts a request's LoRA adapter there), its release when it ends."""
         self.check_accepting()
         await self._gate_open.wait()
         await self._unpaused.wait()
+        if admission is not None:
+            await admission.admit()
         generation = Generation(prompt, max_tokens)
         self.running[generation.id] = generation
         try:
@@ -209,6 +233,8 @@ class FakeEngineState:
             return generation
         finally:
             del self.running[generation.id]
+            if admission is not None:
+                await admission.release()
             await self._notify()
 
     def check_accepting(self) -> None:
@@ -259,4 +285,5 @@ class FakeEngineState:
             "running": len(self.running),
             "cache": dict(self.cache),
             "counters": dict(self.counters),
+            **{name: detail() for name, detail in self.details.items()},
         }

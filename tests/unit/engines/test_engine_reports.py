@@ -8,9 +8,12 @@ routes' (:class:`ReleasedRecorder`).
 
 from __future__ import annotations
 
-import httpx
+import asyncio
 
-from hotload.engines import SGLangEngine, VLLMEngine
+import httpx
+import pytest
+
+from hotload.engines import SGLangEngine, VLLMEngine, vllm_adapter
 from hotload.engines.protocol import EngineReport
 from tests.unit.engines.released import SGLANG, VLLM, ReleasedRecorder, answer
 
@@ -99,6 +102,36 @@ async def test_vllm_keeps_its_instance_id_when_server_info_is_slow() -> None:
     vllm = VLLMEngine(VLLM_URL, recorder.client())
     assert (await vllm.report()).instance_id == "100"
     assert (await vllm.report()).instance_id == "100"
+
+
+async def test_vllm_reports_without_an_id_while_the_first_server_info_is_slow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Defect 8: the first ``/server_info`` (collect_env: up to 11 s measured) timed out or
+    outlasted the sidecar's report timeout, and the whole report was lost. Now the report
+    comes without an id, the request goes on, and its answer serves the next report."""
+    monkeypatch.setattr(vllm_adapter, "INSTANCE_WAIT_S", 0.05)
+    answers = iter(["timeout", "slow", "fast"])
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/weight_info":
+            return weight_info("s-1")
+        if request.url.path != "/server_info":  # the adapter's probe and /v1/models
+            return httpx.Response(200, json={})
+        how = next(answers)
+        if how == "timeout":
+            raise httpx.ReadTimeout("collect_env", request=request)
+        if how == "slow":
+            await asyncio.sleep(0.3)
+        return server_info("100")
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
+        vllm = VLLMEngine(VLLM_URL, client)
+        assert await vllm.report() == EngineReport("s-1", None, None)  # it timed out
+        assert await vllm.report() == EngineReport("s-1", None, None)  # still answering
+        await asyncio.sleep(0.4)
+        assert (await vllm.report()).instance_id == "100"  # the slow answer, kept
+        await vllm.aclose()
 
 
 async def test_neither_reports_a_manifest_digest_even_when_asked() -> None:

@@ -15,17 +15,23 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import yaml
 from fastapi import FastAPI
 from safetensors.numpy import save_file
 
+from hotload.api import RolloutDeployment
 from hotload.engines.engine_checksum import checksums_digest
+from hotload.errors import ConfigError
+from hotload.operator.workload import engine_command
 from hotload.testing.sglang_app import SGLangOptions
 from hotload.testing.sglang_app import create_app as sglang_app
+from hotload.testing.sglang_lora import check_lora_args, lora_args_of
 from hotload.testing.vllm_app import VLLMOptions
 from hotload.testing.vllm_app import create_app as vllm_app
 from hotload.testing.weights import snapshot_checksums
 
 TOKEN_S = 0.005
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 def snapshot(directory: Path, seed: int) -> Path:
@@ -132,23 +138,101 @@ async def test_sglang_reads_an_unserved_model_with_a_colon_as_an_adapter(
 async def test_sglang_flush_refused_while_an_in_place_pause_holds_a_batch_allowed_in_retract(
     sglang: httpx.AsyncClient,
 ) -> None:
+    """scheduler.py:5518-5546 (timeout=0: the waiting queue is ignored while paused) and
+    flush_wrapper.py:22-61 (timeout > 0: fully idle, waiting queue included)."""
     task = await held_generation(sglang)
     await sglang.post("/pause_generation", json={"mode": "in_place"})
+    assert (await sglang.post("/flush_cache", params={"timeout": 0})).status_code == 400
     assert (await sglang.post("/flush_cache", params={"timeout": 0.05})).status_code == 400
     await sglang.post("/pause_generation", json={"mode": "retract"})
-    assert (await sglang.post("/flush_cache", params={"timeout": 0.05})).status_code == 200
+    # The retracted request waits in the queue: a flush with a timeout waits for it...
+    assert (await sglang.post("/flush_cache", params={"timeout": 0.05})).status_code == 400
+    # ...one without a timeout, while paused, does not.
+    assert (await sglang.post("/flush_cache", params={"timeout": 0})).status_code == 200
     await sglang.post("/continue_generation", json={})
+    assert (await sglang.post("/flush_cache", params={"timeout": 0})).status_code == 400
     assert (await task).status_code == 200
     assert (await state(sglang))["counters"]["reprefilled"] == 1  # type: ignore[index]
 
 
+async def test_sglang_update_flushes_under_the_paused_rule_or_fails_leaving_the_label(
+    sglang: httpx.AsyncClient, snapshots: dict[str, Path]
+) -> None:
+    """weight_updater.py:120-131: a refused flush fails the update although the weights
+    changed; the version and model path stay (tokenizer_manager.py:2315-2320)."""
+    task = await held_generation(sglang)
+    await sglang.post("/pause_generation", json={"mode": "in_place"})
+    update = {"model_path": str(snapshots["a"]), "weight_version": "a", "flush_cache": True}
+    refused = await sglang.post("/update_weights_from_disk", json=update)
+    assert refused.status_code == 400 and "not flushed" in refused.json()["message"]
+    assert (await sglang.get("/model_info")).json()["weight_version"] == "default"
+    assert (await state(sglang))["checksums"] == snapshot_checksums(snapshots["a"])
+    await sglang.post("/pause_generation", json={"mode": "retract"})
+    update = {**update, "model_path": str(snapshots["b"]), "weight_version": "b"}
+    assert (await sglang.post("/update_weights_from_disk", json=update)).json()["success"]
+    assert (await sglang.get("/model_info")).json()["weight_version"] == "b"
+    await sglang.post("/continue_generation", json={})
+    assert (await task).status_code == 200
+
+
 @pytest.mark.parametrize("sglang", [{"health_timeout": 0.1}], indirect=True)
-async def test_sglang_health_generates_and_fails_while_paused_ready_does_not(
+async def test_sglang_health_generates_and_fails_while_paused_ready_too_ping_does_not(
     sglang: httpx.AsyncClient,
 ) -> None:
+    """http_server.py:714-718 (/ready: not paused and healthy), 2190-2199 (/ping: healthy)."""
+    assert (await sglang.get("/ready")).status_code == 200
     await sglang.post("/pause_generation", json={"mode": "in_place"})
     assert (await sglang.get("/health")).status_code == 503
+    assert (await sglang.get("/ready")).status_code == 503
+    assert (await sglang.get("/ping")).status_code == 200
+    await sglang.post("/continue_generation", json={})
     assert (await sglang.get("/ready")).status_code == 200
+
+
+LORA_ENABLED = {"enable_lora": True, "max_lora_rank": 8, "lora_target_modules": ("all",)}
+
+
+@pytest.mark.parametrize("sglang", [LORA_ENABLED], indirect=True)
+async def test_sglang_unload_waits_for_the_adapters_requests_which_a_pause_holds(
+    sglang: httpx.AsyncClient, snapshots: dict[str, Path]
+) -> None:
+    """tokenizer_control_mixin.py:633-657 and lora_registry.py:186-203: the unload waits
+    until no request uses the adapter; one paused in place does until the resume."""
+    loaded = await sglang.post(
+        "/load_lora_adapter", json={"lora_name": "l1", "lora_path": str(snapshots["a"])}
+    )
+    assert loaded.status_code == 200
+    body = {"model": "base", "prompt": "p", "max_tokens": 40, "lora_path": "l1"}
+    task = asyncio.create_task(sglang.post("/v1/completions", json=body))
+    for _ in range(200):
+        if (await state(sglang))["lora"]["in_use"]:  # type: ignore[index]
+            break
+        await asyncio.sleep(0.005)
+    await sglang.post("/pause_generation", json={"mode": "in_place"})
+    unload = asyncio.create_task(sglang.post("/unload_lora_adapter", json={"lora_name": "l1"}))
+    await asyncio.sleep(0.3)
+    assert not unload.done()  # held by the paused request
+    assert (await sglang.get("/v1/models")).json()["data"][1:] == []  # unregistered at once
+    await sglang.post("/continue_generation", json={})
+    assert (await unload).status_code == 200
+    assert (await task).status_code == 200
+
+
+def test_sglang_enable_lora_without_initial_adapters_needs_rank_and_modules() -> None:
+    """lora_hook.py:151-154: 0.5.23 refuses to start otherwise."""
+    with pytest.raises(ConfigError, match="--max-lora-rank and --lora-target-modules"):
+        sglang_app(SGLangOptions(model_path="/m", enable_lora=True))
+    sglang_app(SGLangOptions(model_path="/m", **LORA_ENABLED))  # type: ignore[arg-type]
+
+
+def test_the_sglang_example_starts_as_the_operator_renders_it() -> None:
+    """examples/rolloutdeployment-sglang.yaml once passed --enable-lora alone: 0.5.23's
+    startup assertion (lora_hook.py:151-154) refused the command the operator made."""
+    document = yaml.safe_load((EXAMPLES / "rolloutdeployment-sglang.yaml").read_text())
+    command = engine_command(RolloutDeployment.model_validate(document))
+    arguments = lora_args_of(command)
+    assert arguments["enable_lora"] is True
+    check_lora_args(**arguments)
 
 
 @pytest.mark.parametrize("sglang", [{"api_key": "user", "admin_api_key": "admin"}], indirect=True)

@@ -14,6 +14,7 @@ import pytest
 
 from hotload.api import KvCachePolicy, SnapshotKind
 from hotload.engines import PauseMode, SGLangEngine
+from hotload.engines.identity_fields import UNKNOWN_VERSION
 from hotload.errors import EngineBusy, EngineRejected, EngineUnavailable
 from tests.unit.engines.released import SGLANG, ReleasedRecorder, answer, text_answer
 
@@ -77,16 +78,24 @@ async def test_success_false_is_rejected_even_when_the_weights_changed() -> None
     recorder = released(
         {
             ("POST", "/update_weights_from_disk"): update_answer(
-                False, "Failed to flush cache after weight update."
+                False, "Weights were updated, but the cache was not flushed because requests"
             ),
-            ("GET", "/model_info"): model_info("step-8"),
+            ("POST", "/update_weight_version"): version_answer(UNKNOWN_VERSION),
         }
     )
     sglang = engine(recorder)
-    with pytest.raises(EngineRejected, match="Failed to flush cache"):
+    with pytest.raises(EngineRejected, match="cache was not flushed"):
         await sglang.load_weights(Path("/staging/step-8"), "step-8", kind=SnapshotKind.FULL)
     assert sglang.rollback_trusted is False
-    assert [path for _, path, _, _ in recorder.calls()] == ["/update_weights_from_disk"]
+    # ...and the engine no longer names the old weights (0.5.23 would keep their label).
+    assert recorder.calls()[1:] == [
+        (
+            "POST",
+            "/update_weight_version",
+            {},
+            {"new_version": UNKNOWN_VERSION, "abort_all_requests": False},
+        )
+    ]
 
 
 async def test_success_false_is_rejected_with_sglangs_message() -> None:
@@ -131,13 +140,13 @@ async def test_lora_loads_the_adapter_unloads_the_previous_and_names_the_version
             {},
             {"lora_name": "lora-2", "lora_path": "/staging/lora-2", "pinned": False},
         ),
-        ("POST", "/unload_lora_adapter", {}, {"lora_name": "lora-1"}),
         (
             "POST",
             "/update_weight_version",
             {},
             {"new_version": "lora-2", "abort_all_requests": False},
         ),
+        ("POST", "/unload_lora_adapter", {}, {"lora_name": "lora-1"}),
     ]
     assert sglang.prepare_request("/v1/chat/completions", {"model": "m"}) == {
         "model": "m",
@@ -161,6 +170,53 @@ async def test_full_load_after_a_lora_drops_the_adapter() -> None:
     assert recorder.calls()[-1] == ("POST", "/unload_lora_adapter", {}, {"lora_name": "lora-1"})
     assert sglang.active_lora is None
     assert "lora_path" not in sglang.prepare_request("/v1/completions", {"prompt": "x"})
+
+
+async def test_a_full_after_a_lora_is_loaded_even_when_the_unload_times_out() -> None:
+    """The unload waits for the adapter's requests (0.5.23); its failure costs memory
+    only: the load succeeded and is reported so, never as a failure of unknown outcome."""
+
+    def hangs(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("no answer", request=request)
+
+    recorder = released(
+        {
+            ("POST", "/load_lora_adapter"): lora_answer(True),
+            ("POST", "/update_weight_version"): version_answer("lora-1"),
+            ("POST", "/update_weights_from_disk"): update_answer(True, "ok"),
+            ("POST", "/unload_lora_adapter"): hangs,
+        }
+    )
+    sglang = engine(recorder)
+    await sglang.load_weights(Path("/s/lora-1"), "lora-1", kind=SnapshotKind.LORA)
+    await sglang.load_weights(Path("/s/step-9"), "step-9", kind=SnapshotKind.FULL)
+    assert sglang.active_lora is None
+    assert recorder.calls()[-1][1] == "/unload_lora_adapter"
+
+
+async def test_a_restarted_adapter_routes_to_the_lora_the_engine_serves() -> None:
+    """A new adapter (a restarted sidecar) reads the served adapter back from /v1/models,
+    and the model name SGLang serves under from /model_info: without it the base
+    weights would answer under the LoRA's name."""
+    info = {"model_path": "/s/step-9", "served_model_name": "/s/step-9", "weight_version": "l-2"}
+    base = SGLANG.example("ModelCard", id="/s/step-9", root="/s/step-9")
+    adapter = SGLANG.example("ModelCard", id="l-2", root="/s/l-2", parent="/s/step-9")
+    recorder = released(
+        {
+            ("GET", "/model_info"): answer(SGLANG, "GET", "/model_info", info),
+            ("GET", "/v1/models"): httpx.Response(
+                200, json=SGLANG.example("ModelList", data=[base, adapter])
+            ),
+        }
+    )
+    sglang = engine(recorder)
+    assert (await sglang.report()).identity == "l-2"
+    assert sglang.prepare_request("/v1/completions", {"model": "qwen"}) == {
+        "model": "/s/step-9",
+        "lora_path": "l-2",
+    }
+    await sglang.report()
+    assert [path for _, path, _, _ in recorder.calls()].count("/v1/models") == 1
 
 
 async def test_refused_lora_is_rejected() -> None:

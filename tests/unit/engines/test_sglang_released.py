@@ -14,6 +14,7 @@ import pytest
 
 from hotload.api import KvCachePolicy, SnapshotKind
 from hotload.engines import PauseMode, SGLangEngine
+from hotload.engines.identity_fields import UNKNOWN_VERSION
 from hotload.errors import EngineRejected
 from tests.unit.engines.recorder import ok
 from tests.unit.engines.released import SGLANG, ReleasedRecorder, answer, text_answer
@@ -83,6 +84,12 @@ async def test_a_failed_update_is_rejected_and_never_trusted_to_have_rolled_back
                 False, "Failed to update weights: bad shape.\nRolling back to original weights."
             ),
             ("GET", "/model_info"): model_info(weight_version="step-7"),
+            ("POST", "/update_weight_version"): answer(
+                SGLANG,
+                "POST",
+                "/update_weight_version",
+                {"success": True, "message": "ok", "new_version": UNKNOWN_VERSION},
+            ),
         },
         contract=SGLANG,
     )
@@ -90,21 +97,26 @@ async def test_a_failed_update_is_rejected_and_never_trusted_to_have_rolled_back
     assert sglang.rollback_trusted is False
     with pytest.raises(EngineRejected, match="bad shape"):
         await sglang.load_weights(Path("/staging/a/step-8"), "step-8", kind=SnapshotKind.FULL)
-    assert [path for _, path, _, _ in recorder.calls()] == ["/update_weights_from_disk"]
+    # 0.5.23 still says step-7 over part-new weights: the adapter names them unknown.
+    assert [path for _, path, _, _ in recorder.calls()] == [
+        "/update_weights_from_disk",
+        "/update_weight_version",
+    ]
 
 
 # --- item 4: the `all` cache policy under traffic --------------------------------------
 
 
-async def test_all_policy_pauses_in_retract_mode_and_flushes_before_continuing() -> None:
+async def test_all_policy_pauses_in_retract_mode_and_the_update_flushes_while_paused() -> None:
     """In ``in_place`` mode a flush is refused while the held batch exists; retracted
-    requests leave the running batch, so the flush succeeds before they continue (and
-    re-prefill on the new weights)."""
+    requests leave the running batch for the waiting queue, which a flush run *while
+    paused* ignores (scheduler.py:5518-5546): the update flushes right after loading,
+    before they continue (and re-prefill on the new weights). A flush with a timeout
+    would wait for that queue to empty (flush_wrapper.py:22-61): never sent paused."""
     recorder = ReleasedRecorder(
         {
             ("POST", "/pause_generation"): ok({"message": "ok", "status": "ok"}),
             ("POST", "/update_weights_from_disk"): update_answer(True, "Succeeded."),
-            ("POST", "/flush_cache"): text_answer("Cache flushed.\n"),
             ("POST", "/continue_generation"): ok({"message": "ok", "status": "ok"}),
         },
         contract=SGLANG,
@@ -123,11 +135,10 @@ async def test_all_policy_pauses_in_retract_mode_and_flushes_before_continuing()
             {
                 "model_path": "/staging/b/step-9",
                 "weight_version": "step-9",
-                "flush_cache": False,
+                "flush_cache": True,
                 "abort_all_requests": False,
             },
         ),
-        ("POST", "/flush_cache", {"timeout": ["5.0"]}, None),
         ("POST", "/continue_generation", {}, {}),
     ]
 
@@ -148,6 +159,7 @@ async def test_a_flush_refused_while_paused_is_retried_after_resuming() -> None:
     await sglang.pause(PauseMode.IN_PLACE, cache_policy=KvCachePolicy.ALL)
     await sglang.resume()  # continues whatever the flush said: never left paused
     await sglang.reset_cache(KvCachePolicy.ALL)
+    assert recorder.calls()[1][2] == {"timeout": ["0.0"]}  # paused: the queue not waited for
     assert [path for _, path, _, _ in recorder.calls()] == [
         "/pause_generation",
         "/flush_cache",
@@ -187,10 +199,16 @@ async def test_all_policy_without_a_pause_flushes_with_a_timeout() -> None:
 # --- item 5: readiness without a generation --------------------------------------------
 
 
-async def test_health_probes_ready_which_runs_no_generation() -> None:
-    recorder = ReleasedRecorder({("GET", "/ready"): httpx.Response(200)}, contract=SGLANG)
-    assert await engine(recorder).health() is True
-    assert recorder.calls() == [("GET", "/ready", {}, None)]
+async def test_health_probes_ping_which_a_pause_does_not_fail() -> None:
+    """``/ready`` answers 503 for the whole of a pause (http_server.py:714-718), ``/health``
+    generates; ``/ping`` is ``is_healthy()`` only (http_server.py:2190-2199) and, not a
+    probe path to SGLang's auth, takes the API key."""
+    recorder = ReleasedRecorder(
+        {("GET", "/ping"): httpx.Response(200)}, contract=SGLANG, api_key="user"
+    )
+    assert await engine(recorder, api_key="user", admin_api_key="admin").health() is True
+    assert [(method, path) for method, path, _, _ in recorder.calls()] == [("GET", "/ping")]
+    assert recorder.sent[0].headers["authorization"] == "Bearer user"
 
 
 # --- item 6: an API key and an admin key -----------------------------------------------

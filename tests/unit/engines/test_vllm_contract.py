@@ -213,8 +213,8 @@ async def test_lora_endpoints_and_requests_routed_to_the_adapter() -> None:
             {},
             {"lora_name": "lora-b", "lora_path": "/s/lora-b", "load_inplace": False},
         ),
-        ("POST", "/v1/unload_lora_adapter", {}, {"lora_name": "lora-a"}),
         ("POST", "/update_weight_version", {}, {"new_version": "lora-b"}),
+        ("POST", "/v1/unload_lora_adapter", {}, {"lora_name": "lora-a"}),
     ]
     assert vllm.prepare_request("/v1/completions", {"model": "base", "prompt": "p"}) == {
         "model": "lora-b",

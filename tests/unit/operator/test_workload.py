@@ -103,11 +103,14 @@ def test_workload_is_rbac_then_service_then_statefulset_with_owner_refs() -> Non
     )
 
 
-def test_sglang_is_probed_on_ready_and_its_health_does_not_generate() -> None:
+def test_sglang_is_checked_on_a_health_that_neither_generates_nor_fails_while_paused() -> None:
+    """The sidecar's /readyz asks the adapter's health: SGLang's /ready answers 503 for the
+    whole of a pause (0.5.23 http_server.py:714-718), /ping does not (2190-2199); /health
+    with generation off answers 200 without one for anything else (745-749)."""
     deployment = _example_deployment()
     deployment.spec.engine.kind = EngineKind.SGLANG
     engine = pod_template(deployment)["spec"]["containers"][0]
-    assert SGLangEngine.health_path == "/ready", "the sidecar's /readyz asks this"
+    assert SGLangEngine.health_path == "/ping", "the sidecar's /readyz asks this"
     assert {"name": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "value": "0"} in engine["env"]
 
 
