@@ -79,6 +79,9 @@ class EngineSpec(ApiModel):
     """Check the engine's own weights checksum after each swap (SGLang, vLLM; costly)."""
     keys_secret_ref: SecretRef | None = None
     """Secret with the engine's `api-key` and (SGLang only) `admin-api-key`."""
+    launch_version: Annotated[str, Field(min_length=1, max_length=256)] = "default"
+    """The weight version the engine reports before any load (SGLang `--weight-version`,
+    vLLM `default`): it names no snapshot. Set it when you start SGLang with another."""
 
 
 class HotLoadSpec(ApiModel):

@@ -61,6 +61,28 @@ class SwapsBetweenTokens(Protocol):
         ...
 
 
+@runtime_checkable
+class BindsAdapterPerRequest(Protocol):
+    """An engine that keeps LoRA adapters beside its base weights and binds each request
+    to one (or to none) when it admits it — SGLang (``lora_path``) and vLLM (``model``).
+
+    A request in flight stays on what it was admitted to, whatever is loaded after: a
+    swap that changes the adapter served (to, from or between adapters) cannot resume
+    it on the new weights, so the sidecar lets in-flight requests finish first (new ones
+    held) instead of pausing them in place. The reference engine merges an adapter into
+    its weights, so its requests follow every swap."""
+
+    @property
+    def active_lora(self) -> str | None:
+        """The adapter requests are routed to now; None while base weights serve."""
+        ...
+
+
+def binds_adapter_per_request(engine: object) -> BindsAdapterPerRequest | None:
+    """The engine as a :class:`BindsAdapterPerRequest`, or None when requests follow swaps."""
+    return engine if isinstance(engine, BindsAdapterPerRequest) else None
+
+
 def patches_in_place(engine: object) -> PatchesInPlace | None:
     """The engine as a :class:`PatchesInPlace`, or None when it cannot patch in place."""
     return engine if isinstance(engine, PatchesInPlace) else None
@@ -71,4 +93,11 @@ def swaps_between_tokens(engine: object) -> SwapsBetweenTokens | None:
     return engine if isinstance(engine, SwapsBetweenTokens) else None
 
 
-__all__ = ["PatchesInPlace", "SwapsBetweenTokens", "patches_in_place", "swaps_between_tokens"]
+__all__ = [
+    "BindsAdapterPerRequest",
+    "PatchesInPlace",
+    "SwapsBetweenTokens",
+    "binds_adapter_per_request",
+    "patches_in_place",
+    "swaps_between_tokens",
+]

@@ -9,8 +9,10 @@ from hotload.engines.noop_engine import NoopEngine
 from hotload.engines.protocol import Engine
 from hotload.engines.reference_adapter import ReferenceEngine
 from hotload.engines.sglang_adapter import DEFAULT_LOAD_TIMEOUT as SGLANG_LOAD_TIMEOUT
+from hotload.engines.sglang_adapter import LAUNCH_VERSION as SGLANG_LAUNCH_VERSION
 from hotload.engines.sglang_adapter import SGLangEngine
 from hotload.engines.vllm_adapter import DEFAULT_LOAD_TIMEOUT as VLLM_LOAD_TIMEOUT
+from hotload.engines.vllm_adapter import LAUNCH_VERSION as VLLM_LAUNCH_VERSION
 from hotload.engines.vllm_adapter import VLLMEngine
 from hotload.errors import ConfigError
 
@@ -33,6 +35,7 @@ def make_engine(
     admin_api_key: str | None = None,
     load_timeout: float | None = None,
     verify_digest: bool = False,
+    launch_version: str | None = None,
 ) -> Engine:
     """The adapter for ``kind`` talking to ``base_url`` (ignored for ``noop``).
 
@@ -41,6 +44,8 @@ def make_engine(
     ``admin_api_key`` SGLang's ``--admin-api-key`` (its admin routes take only that one
     when it is set). ``verify_digest`` (``spec.engine.verifyDigest``): SGLang and vLLM
     report their own checksum of the loaded weights when asked for a digest.
+    ``launch_version`` (``spec.engine.launchVersion``): the version SGLang or vLLM reports
+    before any load, which names no snapshot (None: their default, ``"default"``).
     """
     if kind is EngineKind.NOOP:
         return NoopEngine()
@@ -57,6 +62,7 @@ def make_engine(
             admin_api_key=admin_api_key,
             load_timeout=load_timeout if load_timeout is not None else SGLANG_LOAD_TIMEOUT,
             verify_digest=verify_digest,
+            launch_version=launch_version or SGLANG_LAUNCH_VERSION,
         )
     if kind is EngineKind.VLLM:
         return VLLMEngine(
@@ -65,5 +71,6 @@ def make_engine(
             api_key=api_key,
             load_timeout=load_timeout if load_timeout is not None else VLLM_LOAD_TIMEOUT,
             verify_digest=verify_digest,
+            launch_version=launch_version or VLLM_LAUNCH_VERSION,
         )
     raise ConfigError("unknown engine kind", engine=str(kind))

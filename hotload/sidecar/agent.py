@@ -298,6 +298,8 @@ class SidecarAgent(EngineWatch, LoadJobs):
                 self._job = None
             await self._observe_engine()
             await self._decide()
+            if self._job is None:
+                await self._resume_if_owed()
             self._report()
 
     async def _sleep(self) -> None:

@@ -99,6 +99,10 @@ class Memory:
     """A target the engine refused to patch in place (it is loaded as a directory)."""
     catch_up_given_up: SnapshotRef | None = None
     """A served snapshot whose catch-up into staging failed for good."""
+    resume_owed: bool = True
+    """The engine may be left paused: by a handover whose resume kept failing, or (at
+    start) by a sidecar killed between its pause and its resume. Resumed once nothing is
+    being loaded and the engine's weights are confirmed (resuming is idempotent)."""
 
 
 class AgentCore:

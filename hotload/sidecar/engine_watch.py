@@ -92,6 +92,24 @@ class EngineWatch(AgentCore):
         elif verdict is Verdict.EMPTY and memory.serving is not None:
             self._lose_serving()
 
+    async def _resume_if_owed(self) -> None:
+        """Resume an engine a handover may have left paused (its resume kept failing, or
+        the sidecar was killed while it held requests): called only between jobs, with
+        the engine's weights confirmed, so no load is under way to be resumed into."""
+        memory, engine = self._memory, self._engine
+        if not memory.resume_owed or engine is None or memory.serving is None:
+            return
+        try:
+            async with asyncio.timeout(self.config.engine_report_timeout_s):
+                await engine.resume()
+        except (HotloadError, TimeoutError) as err:
+            log.warning(
+                "the engine did not resume; trying again",
+                extra={**self._context(), "error": str(err)},
+            )
+            return
+        memory.resume_owed = False
+
     async def _engine_report(self, engine: Engine, *, digest: bool) -> EngineReport | None:
         try:
             async with asyncio.timeout(self.config.engine_report_timeout_s):

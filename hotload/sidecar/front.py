@@ -326,15 +326,14 @@ async def _proxy(front: FrontState, path: str, request: Request) -> Response:
         return _error(
             503, "no engine to serve this request yet", "engine_unavailable", policy=serving
         )
-    body: dict[str, Any] | None = None
+    parsed: dict[str, Any] | None = None
     if request.method == "POST":
         try:
             parsed = await _json_body(front, request)
         except _BodyRefused as refused:
             return _error(refused.status, str(refused), refused.kind, policy=serving)
         parsed["model"] = _strip_policy(parsed.get("model", served_name))
-        body = engine.prepare_request(path, parsed)
-    streaming = bool(body and body.get("stream"))
+    streaming = bool(parsed and parsed.get("stream"))
     gate = source.gate
     try:
         await gate.enter()
@@ -352,7 +351,15 @@ async def _proxy(front: FrontState, path: str, request: Request) -> Response:
             headers,
             policy=source.served_identity(),
         )
-    labeler = PolicyLabeler(served_name, engine.identities_of, source.served_identity)
+    # Prepared once admitted, not before a hold: a request held across a swap names the
+    # adapter (and model) the engine serves when it goes in, not one it just unloaded.
+    body = engine.prepare_request(path, parsed) if parsed is not None else None
+    labeler = PolicyLabeler(
+        served_name,
+        engine.identities_of,
+        source.served_identity,
+        trust_engine=engine.rollback_trusted,
+    )
     outbound = client.build_request(
         request.method,
         f"{engine.base_url}{path}",

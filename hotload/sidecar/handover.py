@@ -15,6 +15,12 @@ pause is its own swap. The same holds for a delta patched in place
 handed; a refusal (``DeltaNotApplicable``, ``EngineRejected``) leaves the old weights
 serving and is :class:`PatchRefused`, for the caller to load the rebuilt directory.
 
+An ASYNC load that changes the LoRA adapter of an engine binding each request to one
+(:class:`~hotload.engines.capabilities.BindsAdapterPerRequest`: SGLang, vLLM) is not
+paused in place: a held request would resume on the adapter (or base weights) it was
+admitted to, under the new identity. The gate holds new requests and lets those in
+flight finish first (up to the drain timeout, as SYNC), then the engine loads.
+
 A load that fails in an engine without rollback (``rollback_trusted`` False: SGLang,
 vLLM) is followed, while requests are still held, by a reload of the served buffer; the
 held requests resume only after the engine confirmed it (or that reload failed too), so
@@ -38,7 +44,11 @@ from pathlib import Path
 from hotload.api import KvCachePolicy, SnapshotKind, Transition
 from hotload.api.kinds import Identity
 from hotload.cancellation import run_in_thread
-from hotload.engines.capabilities import PatchesInPlace, swaps_between_tokens
+from hotload.engines.capabilities import (
+    PatchesInPlace,
+    binds_adapter_per_request,
+    swaps_between_tokens,
+)
 from hotload.engines.protocol import Engine, EngineReport, PauseMode
 from hotload.errors import (
     DeltaNotApplicable,
@@ -97,12 +107,16 @@ class Handover:
         metrics: AgentMetrics,
         *,
         drain_timeout_s: float,
+        on_left_paused: Callable[[], None] | None = None,
     ) -> None:
         self.engine = engine
         self.staging = staging
         self.gate = gate
         self.metrics = metrics
         self.drain_timeout_s = drain_timeout_s
+        self.on_left_paused = on_left_paused
+        """Called when the engine did not resume within :data:`RESUME_RETRY_S` (the agent
+        resumes it later, between jobs)."""
 
     async def hand(
         self,
@@ -142,7 +156,8 @@ class Handover:
             report = await self._confirm(staged)
             await run_in_thread(self.staging.set_roles, slot, None)
             return report
-        async with self.gate.swapping(transition, self.drain_timeout_s):
+        drain = transition is Transition.ASYNC and self._moves_adapter(staged)
+        async with self.gate.swapping(transition, self.drain_timeout_s, drain=drain):
             on_swapping()
             if slot != served:
                 # The served buffer needs no mark (it is never written while served); a
@@ -152,7 +167,7 @@ class Handover:
             report = await self._load(
                 path,
                 staged,
-                transition,
+                transition is Transition.ASYNC and not drain,
                 cache_policy,
                 recovery=(served, recovery) if served is not None and served != slot else None,
                 on_confirmed=on_confirmed,
@@ -203,11 +218,19 @@ class Handover:
         except Exception as err:  # a timeout, a lost answer, a server error: unknown
             raise HandoverFailed(err, outcome_known=False) from err
 
+    def _moves_adapter(self, staged: Staged) -> bool:
+        """Whether this load changes the LoRA adapter of an engine that binds requests to
+        one: its in-flight requests could not follow, so they finish before it."""
+        binds = binds_adapter_per_request(self.engine)
+        return binds is not None and (
+            staged.kind is SnapshotKind.LORA or binds.active_lora is not None
+        )
+
     async def _load(
         self,
         path: Path,
         staged: Staged,
-        transition: Transition,
+        paused: bool,
         cache_policy: KvCachePolicy | None,
         *,
         recovery: tuple[Slot, Staged | None] | None,
@@ -215,10 +238,10 @@ class Handover:
     ) -> EngineReport:
         """The load, its confirmation and, after a failure that may have touched the
         weights of an engine without rollback, the recovery — all while requests are
-        held (ASYNC: paused in place; SYNC: the gate is still closed). Nothing reaches
-        the engine between a failed load and the reload of the served buffer: a vLLM
-        left without weights dies on the next request (docs/engines.md)."""
-        paused = transition is Transition.ASYNC
+        held (``paused``: in place in the engine; else the gate is still closed and
+        in-flight requests were drained). Nothing reaches the engine between a failed
+        load and the reload of the served buffer: a vLLM left without weights dies on the
+        next request (docs/engines.md)."""
         if paused:
             try:
                 await self.engine.pause(PauseMode.IN_PLACE, cache_policy=cache_policy)
@@ -297,6 +320,8 @@ class Handover:
                 if loop.time() >= deadline:
                     log.error("the engine did not resume", extra={"error": str(err)})
                     self.metrics.failures.labels(reason=err.reason).inc()
+                    if self.on_left_paused is not None:
+                        self.on_left_paused()
                     return
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)

@@ -376,6 +376,7 @@ class LoadJobs(AgentCore):
             self._gate,
             self._metrics,
             drain_timeout_s=self.config.sync_drain_timeout_s,
+            on_left_paused=self._owe_resume,
         )
         final_via = via or LoadPath.DELTA
         served_slot = self._memory.buffers.served
@@ -419,6 +420,10 @@ class LoadJobs(AgentCore):
         # The served snapshot's own download stays: the free buffer, one step behind,
         # is patched through it next time.
         await run_in_thread(self.staging.clean_fetches, {staged.identity})
+
+    def _owe_resume(self) -> None:
+        """The handover could not resume the engine: resume it later, between jobs."""
+        self._memory.resume_owed = True
 
     async def _forget_chain(self, loader: SnapshotLoader, target: SnapshotRef) -> None:
         """Before a fresh replay: read the chain's manifests and files from the bucket

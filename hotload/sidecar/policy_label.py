@@ -6,6 +6,14 @@ The identity comes from the engine when it says (``Engine.identities_of``: the r
 engine and vLLM/SGLang name the weight version per response or chunk), else from what the
 agent serves at that moment. A response that spans a swap (ASYNC) names the newest
 identity in ``model``; the stream's chunks say where it changed, in order.
+
+The engine's word is taken over the agent's only where the engine cannot be wrong about
+it: the reference engine (``rollback_trusted``) names exactly the weights it swapped in,
+even before the agent confirmed them. SGLang and vLLM keep a label over weights a failed
+load left unknown, so their labels count only where the agent confirmed that identity
+while the request ran (an ASYNC swap's two identities); any other label is replaced by the
+agent's own, and with nothing confirmed (weights unknown, a restarted sidecar not yet
+sure) no policy is named: ``model`` is the bare served name.
 """
 
 from __future__ import annotations
@@ -29,31 +37,51 @@ class PolicyLabeler:
     """Rewrites ``model`` in JSON payloads, remembering the identities seen, in order."""
 
     def __init__(
-        self, served_name: str, identities_of: IdentitiesOf, fallback: Callable[[], str | None]
+        self,
+        served_name: str,
+        identities_of: IdentitiesOf,
+        fallback: Callable[[], str | None],
+        *,
+        trust_engine: bool = True,
     ) -> None:
         self.served_name = served_name
         self._identities_of = identities_of
         self._fallback = fallback
+        self._trust_engine = trust_engine
+        self._confirmed: set[str] = set()
+        """What the agent confirmed at some moment while this request ran."""
+        self._current()
         self.seen: list[str] = []
         """Distinct identities in the order they produced output (a stream's history)."""
 
+    def _current(self) -> str | None:
+        confirmed = self._fallback()
+        if confirmed:
+            self._confirmed.add(confirmed)
+        return confirmed
+
     def identities(self, payload: Mapping[str, Any]) -> list[str]:
+        confirmed = self._current()
         named = [i for i in self._identities_of(payload) if i]
+        if not self._trust_engine:
+            named = [i for i in named if i in self._confirmed]
         if named:
             return named
-        fallback = self._fallback()
-        return [fallback] if fallback else []
+        return [confirmed] if confirmed else []
 
     def label(self, payload: Any) -> Any:
-        """``payload`` with ``model`` naming its policy (non-objects pass unchanged)."""
+        """``payload`` with ``model`` naming its policy, or the bare served name when none
+        is known (non-objects pass unchanged)."""
         if not isinstance(payload, dict):
             return payload
         identities = self.identities(payload)
         for identity in identities:
             if not self.seen or self.seen[-1] != identity:
                 self.seen.append(identity)
-        if identities and ("model" in payload or "choices" in payload):
-            payload["model"] = policy_model(self.served_name, identities[-1])
+        if "model" in payload or "choices" in payload:
+            payload["model"] = (
+                policy_model(self.served_name, identities[-1]) if identities else self.served_name
+            )
         return payload
 
     def label_json(self, body: bytes) -> bytes:

@@ -102,13 +102,19 @@ class SwapGate:
 
     @asynccontextmanager
     async def swapping(
-        self, transition: Transition, drain_timeout_s: float | None = None
+        self,
+        transition: Transition,
+        drain_timeout_s: float | None = None,
+        *,
+        drain: bool = False,
     ) -> AsyncIterator[None]:
         """Close the gate the way ``transition`` says for the duration of the block.
 
         SYNC waits here, refusing new requests, until every admitted request has finished
         on the old weights or ``drain_timeout_s`` passed (None: no limit); ASYNC holds new
-        requests and lets admitted ones be paused by the engine inside the block. A
+        requests and lets admitted ones be paused by the engine inside the block — or,
+        with ``drain``, waits for them to finish as SYNC does while still holding, not
+        refusing, new ones (a swap that in-flight requests cannot follow). A
         cancellation while draining (a newer target) reopens the gate.
         """
         if self.state is not GateState.OPEN:
@@ -124,14 +130,18 @@ class SwapGate:
         else:
             self.state = GateState.HOLDING
         try:
-            if transition is Transition.SYNC:
+            if transition is Transition.SYNC or drain:
                 try:
                     async with asyncio.timeout(drain_timeout_s):
                         await self._drained.wait()
                 except TimeoutError:
                     log.warning(
-                        "SYNC swap: in-flight requests outlasted the drain timeout; swapping",
-                        extra={"in_flight": self.in_flight, "drain_timeout_s": drain_timeout_s},
+                        "in-flight requests outlasted the drain timeout; swapping",
+                        extra={
+                            "transition": transition.value,
+                            "in_flight": self.in_flight,
+                            "drain_timeout_s": drain_timeout_s,
+                        },
                     )
             yield
         finally:

@@ -74,3 +74,28 @@ async def test_noop_accepts_every_swap_at_once_and_serves_nothing() -> None:
     assert await engine.served_identity() == "lora-1"
     assert [identity for _, identity, _ in engine.loads] == ["step-1", "lora-1"]
     assert engine.identities_of({"hotload_identity": "x"}) == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "route", "key"),
+    [
+        (EngineKind.SGLANG, "/model_info", "weight_version"),
+        (EngineKind.VLLM, "/weight_info", "weight_version"),
+    ],
+)
+async def test_the_launch_version_of_the_spec_reaches_the_adapter(
+    kind: EngineKind, route: str, key: str
+) -> None:
+    """``spec.engine.launchVersion`` (SGLang started with ``--weight-version base-v0``):
+    that label names no snapshot; before it was plumbed, "base-v0" read as one."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == route:
+            return httpx.Response(200, json={key: "base-v0"})
+        return httpx.Response(404, json={"error": {"type": "Not Found"}})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
+        engine = make_engine(kind, "http://10.1.0.5:8000", client, launch_version="base-v0")
+        assert await engine.served_identity() is None  # type: ignore[attr-defined]
+        other = make_engine(kind, "http://10.1.0.5:8000", client)
+        assert await other.served_identity() == "base-v0"  # type: ignore[attr-defined]

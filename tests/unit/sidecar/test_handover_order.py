@@ -9,6 +9,7 @@ they resume. The engine here records the order of calls; nothing else is faked.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from hotload.sidecar.handover import Handover, HandoverFailed
 from hotload.sidecar.metrics import AgentMetrics
 from hotload.sidecar.planning import Slot, Staged
 from hotload.sidecar.staging import StagingArea
-from hotload.sidecar.swap_gate import SwapGate
+from hotload.sidecar.swap_gate import GateState, SwapGate
 
 
 class Recording:
@@ -70,18 +71,22 @@ GOOD = Staged("good", 1, SnapshotKind.FULL, None)
 NEW = Staged("new", 2, SnapshotKind.FULL, None)
 
 
-async def hand(engine: Recording, tmp_path: Path) -> None:
+async def hand(
+    engine: Recording,
+    tmp_path: Path,
+    staged: Staged = NEW,
+    gate: SwapGate | None = None,
+    drain_timeout_s: float = 1,
+) -> None:
     staging = StagingArea(tmp_path)
     staging.prepare()
     metrics = AgentMetrics(CollectorRegistry())
-    handover = Handover(
-        engine, staging, SwapGate(metrics, hold_timeout_s=5, retry_after_s=1), metrics,
-        drain_timeout_s=1,
-    )  # fmt: skip
+    gate = gate or SwapGate(metrics, hold_timeout_s=5, retry_after_s=1)
+    handover = Handover(engine, staging, gate, metrics, drain_timeout_s=drain_timeout_s)
     engine.calls.append("start")
     await handover.hand(
         Slot.B,
-        NEW,
+        staged,
         served=Slot.A,
         transition=Transition.ASYNC,
         cache_policy=None,
@@ -123,3 +128,31 @@ async def test_when_every_recovery_fails_the_weights_are_unknown(tmp_path: Path)
         await hand(engine, tmp_path)
     assert not failed.value.weights_intact
     assert engine.calls[-1] == "resume"  # held requests are never left paused
+
+
+class AdapterRecording(Recording):
+    """An engine that binds each request to a LoRA adapter when it admits it."""
+
+    active_lora: str | None = None
+
+
+async def test_a_swap_that_moves_the_adapter_drains_instead_of_pausing(tmp_path: Path) -> None:
+    """A request admitted to the base weights (or an adapter) cannot move to another
+    adapter: paused in place, it would resume on its old one under the new identity."""
+    engine = AdapterRecording([])
+    gate = SwapGate(AgentMetrics(CollectorRegistry()), hold_timeout_s=5, retry_after_s=1)
+    await gate.enter()  # a request in flight
+    lora = Staged("lora-1", 2, SnapshotKind.LORA, None)
+    swap = asyncio.create_task(hand(engine, tmp_path, lora, gate, drain_timeout_s=10))
+    await asyncio.sleep(0.2)
+    assert gate.state is GateState.HOLDING and engine.calls == ["start"]
+    gate.leave()  # it finished on the weights it began on
+    await swap
+    assert engine.calls == ["start", "load lora-1", "report", "confirmed lora-1"]
+
+
+async def test_a_full_swap_away_from_a_served_adapter_drains_too(tmp_path: Path) -> None:
+    engine = AdapterRecording([])
+    engine.active_lora = "lora-1"
+    await hand(engine, tmp_path)
+    assert "pause" not in engine.calls and "resume" not in engine.calls

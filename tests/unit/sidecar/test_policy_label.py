@@ -91,3 +91,49 @@ def test_crlf_event_boundaries_are_understood() -> None:
     relabeler = SseRelabeler(_labeler())
     out = relabeler.feed(_chunk("x", "a").replace(b"\n", b"\r\n"))
     assert _models(out) == ["demo@x"]
+
+
+# --- engines whose label may outlive their weights (SGLang, vLLM: defect 7) -------------
+
+
+class Agent:
+    """The agent's confirmed identity, as the front reads it (None: nothing verified)."""
+
+    def __init__(self, serving: str | None) -> None:
+        self.serving = serving
+
+    def __call__(self) -> str | None:
+        return self.serving
+
+
+def _untrusted(agent: Agent) -> PolicyLabeler:
+    return PolicyLabeler("demo", reference_identities, agent, trust_engine=False)
+
+
+def test_after_a_failed_load_the_engines_old_label_is_not_believed() -> None:
+    """SGLang keeps naming the old version over weights a failed load left unknown: with
+    nothing verified the front names no policy, whatever the engine says."""
+    labeler = _untrusted(Agent(None))
+    out = labeler.label({"model": "x", "choices": [], "hotload_identity": "step-1"})
+    assert out["model"] == "demo" and labeler.seen == []
+
+
+def test_a_label_the_agent_never_confirmed_gives_way_to_the_agents_own() -> None:
+    labeler = _untrusted(Agent("step-2"))
+    out = labeler.label({"model": "x", "choices": [], "hotload_identity": "step-1"})
+    assert out["model"] == "demo@step-2" and labeler.seen == ["step-2"]
+
+
+def test_an_async_swap_confirmed_during_the_request_keeps_both_spans() -> None:
+    agent = Agent("old")
+    labeler = _untrusted(agent)  # the request began under "old"
+    agent.serving = "new"  # the agent confirmed the swap while it ran
+    out = labeler.label({"model": "x", "choices": [], "hotload_identities": ["old", "new"]})
+    assert out["model"] == "demo@new" and labeler.seen == ["old", "new"]
+
+
+def test_the_reference_engines_own_label_stands_before_the_agent_confirms() -> None:
+    """It swaps between tokens and names exactly its weights: its word comes first."""
+    labeler = PolicyLabeler("demo", reference_identities, Agent("old"))
+    out = labeler.label({"model": "x", "choices": [], "hotload_identity": "new"})
+    assert out["model"] == "demo@new"
