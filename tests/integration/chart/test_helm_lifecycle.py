@@ -170,6 +170,35 @@ def _assert_rights_only_in(
     assert binding.returncode == 0, binding.stderr
 
 
+def _assert_reconciles_with_its_role(api: k8s.ApiClient, namespace: str) -> None:
+    """The default scope's operator does its work with the Role alone: it renders a
+    deployment's objects in its namespace, and lets the deployment go (its finalizer)."""
+    custom, core = k8s.CustomObjectsApi(api), k8s.CoreV1Api(api)
+    custom.create_namespaced_custom_object(
+        "hotload.dev", "v1alpha1", namespace, "rolloutdeployments",
+        cast(Any, idle_deployment_body("scoped")),
+    )  # fmt: skip
+    rendered = wait_until(
+        lambda: _exists(lambda: core.read_namespaced_service("scoped", namespace)),
+        GONE_TIMEOUT_S,
+    )
+    assert rendered, "the operator with the default scope never rendered its deployment"
+    custom.delete_namespaced_custom_object(
+        "hotload.dev", "v1alpha1", namespace, "rolloutdeployments", "scoped"
+    )
+    gone = wait_until(
+        lambda: (
+            not _exists(
+                lambda: custom.get_namespaced_custom_object(
+                    "hotload.dev", "v1alpha1", namespace, "rolloutdeployments", "scoped"
+                )
+            )
+        ),
+        GONE_TIMEOUT_S,
+    )
+    assert gone, "the deployment kept the operator's finalizer"
+
+
 def _revisions(region: Region, release: hotload_chart.ChartRelease) -> list[int]:
     done = subprocess.run(
         [
@@ -204,6 +233,7 @@ def test_install_upgrade_uninstall_keeps_crds_and_leaves_nothing_else(
     assert all(_release_objects(api, release).values()), _release_objects(api, release)
     _assert_rights_only_in(kubectl, region, release, watched=name, other=namespace)
     assert [env["HOTLOAD_LOG_LEVEL"] for env in _operator_env(api, release)] == ["info"]
+    _assert_reconciles_with_its_role(api, name)
 
     upgraded = hotload_chart.ChartRelease(
         release=name,
