@@ -76,6 +76,8 @@ SIDECAR_RBAC_RULES: Final[tuple[dict[str, list[str]], ...]] = (
         "resources": ["rolloutdeployments"],
         "verbs": ["get", "list", "watch"],
     },
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]},
+    # watch: its own pod, by name (RBAC cannot narrow it to the caller's pod); patch: the
+    # sidecars before the report went to pods/status alone wrote annotations there.
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch", "watch"]},
     {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["get", "patch"]},
 )

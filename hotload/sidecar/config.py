@@ -75,7 +75,8 @@ class AgentConfig:
     engine_ready_timeout_s: float = 10.0
     """How long a swap waits for the engine's health check before retrying later."""
     pod_check_interval_s: float = 10.0
-    """How often the Pod is read back to repair what another writer changed."""
+    """After the Pod was found gone: how long until it is looked for again (other
+    writers' changes are seen through a watch of the Pod, not by reading it back)."""
     sync_drain_timeout_s: float = 60.0
     """SYNC: the longest a swap waits for in-flight requests before swapping anyway."""
     unexpected_failure_cap: int = 5

@@ -3,15 +3,30 @@
 Level-triggered: the writer compares what the Pod holds with what the agent wants it to
 say, and patches on any difference — after the agent's own transitions, and also when
 another writer changed our annotations or our condition, or after an API server outage.
-It re-reads the Pod every ``check_interval_s`` (jittered) and right after each failed
-write; a patch's answer (the Pod as the server now holds it) counts as a read.
+It sees the Pod through a watch by name (:mod:`hotload.sidecar.pod_watch`: every change
+at once, no periodic reads), a patch's answer (the Pod as the server now holds it), and a
+read after a failed write.
 
-The annotations go as a JSON merge patch (keys merge one by one, ``null`` removes one:
-the API server applies it without the strategic merge's schema walk), the condition as a
-strategic-merge patch of ``pods/status`` (conditions merge by ``type``), so only our own
-keys and our one condition type are ever touched. Loading
-and serving never wait on the API server: :meth:`PodWriter.publish` only records what is
-wanted.
+**One write per report.** The whole report — the ``hotload.dev/*`` annotations and the
+``hotload.dev/SnapshotReady`` condition — goes in one patch of ``pods/status`` (the API
+server takes metadata changes there and keeps the spec as it was): a JSON merge patch of
+the annotations when the condition is unchanged (keys merge one by one, ``null`` removes
+one; no strategic merge's schema walk), a strategic-merge patch of both when the condition
+changes (conditions merge by ``type``). Only our own keys and our one condition type are
+ever touched.
+
+**A quick load reports only its end.** While the only difference between the Pod and the
+report is that the replica now works on a newer target (``state: Loading``, same
+snapshot, same everything else: :func:`working_on_only`), the writer holds that write
+back for ``loading_report_after_s`` (default :data:`DEFAULT_LOADING_REPORT_AFTER_S`): a
+load that ends sooner writes only its ``Ready`` (or ``Failed``), one that takes longer
+shows ``Loading`` from then on. Anything else — a snapshot dropped, a failure, a retry's
+reason, a gate that changes, another writer's edit — is written at once. The operator
+counts a replica that does not serve a snapshot as Loading whatever its annotations say,
+so nothing it decides waits on that write.
+
+Loading and serving never wait on the API server: :meth:`PodWriter.publish` only records
+what is wanted.
 """
 
 from __future__ import annotations
@@ -19,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,8 +42,15 @@ from typing import Any
 
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
+from hotload.api import ReplicaState
 from hotload.api.conditions import parse_time
-from hotload.api.pod import CONDITION_SNAPSHOT_READY, SIDECAR_ANNOTATIONS
+from hotload.api.pod import (
+    ANNOTATION_SINCE,
+    ANNOTATION_STATE,
+    ANNOTATION_TARGET,
+    CONDITION_SNAPSHOT_READY,
+    SIDECAR_ANNOTATIONS,
+)
 from hotload.errors import KubeError, KubeNotFound
 from hotload.kube import kube_errors
 from hotload.kube.raw import read_json
@@ -38,14 +61,20 @@ from hotload.sidecar.pod_report import (
     annotation_patch,
     condition_patch,
 )
+from hotload.sidecar.pod_watch import OwnPodWatch
 
 log = logging.getLogger(__name__)
 
 #: The annotations' patch type (RFC 7386): their values are strings, so it merges exactly
 #: as a strategic merge would, for less of the API server's CPU.
 MERGE_PATCH = "application/merge-patch+json"
-#: How often the Pod is read back to catch other writers (each read is one GET).
+#: After the Pod was found gone: how long until it is looked for again.
 DEFAULT_CHECK_INTERVAL_S = 10.0
+#: A load shorter than this reports only the state it ends in (one write per delta); a
+#: longer one shows ``Loading`` from this point on.
+DEFAULT_LOADING_REPORT_AFTER_S = 10.0
+#: The annotations a "working on a newer target" report may change without a prompt write.
+_WORK_KEYS = frozenset({ANNOTATION_TARGET, ANNOTATION_STATE, ANNOTATION_SINCE})
 
 
 @dataclass(frozen=True)
@@ -59,6 +88,7 @@ class ObservedPod:
     gate_message: str | None
     gate_transition: datetime | None
     uid: str | None
+    resource_version: str | None = None
 
 
 def _observed(pod: Mapping[str, Any]) -> ObservedPod:
@@ -79,7 +109,17 @@ def _observed(pod: Mapping[str, Any]) -> ObservedPod:
             reason, message = condition.get("reason"), condition.get("message")
             transition = parse_time(condition.get("lastTransitionTime"))
     uid = metadata.get("uid")
-    return ObservedPod(annotations, status, reason, message, transition, uid)
+    version = metadata.get("resourceVersion")
+    return ObservedPod(annotations, status, reason, message, transition, uid, version)
+
+
+def older(version: str | None, than: str | None) -> bool:
+    """True when ``version`` is known to precede ``than`` (a watch event that lags the
+    answer of our own later patch). Resource versions are etcd revisions, integers; where
+    either is not, nothing is assumed (the Pod is taken as seen)."""
+    if not version or not than or not (version.isdigit() and than.isdigit()):
+        return False
+    return int(version) < int(than)
 
 
 def annotations_differ(wanted: PodAnnotations, observed: ObservedPod) -> bool:
@@ -96,6 +136,26 @@ def gate_differs(wanted: ReadinessGate, observed: ObservedPod) -> bool:
     )
 
 
+def working_on_only(
+    wanted: PodAnnotations, gate: ReadinessGate | None, observed: ObservedPod
+) -> bool:
+    """True when the report differs from the Pod only in that the replica works on a
+    newer target: ``Loading``, serving what the Pod already says it serves (no reason
+    given), the gate unchanged, and the Pod saying ``Ready`` or ``Loading`` (or nothing
+    yet). Such a write may wait (see the module doc); every other difference may not."""
+    if wanted.state is not ReplicaState.LOADING:
+        return False
+    if gate is not None and gate_differs(gate, observed):
+        return False
+    if observed.annotations.get(ANNOTATION_STATE) not in (None, "Ready", "Loading"):
+        return False
+    return all(
+        observed.annotations.get(key) == value
+        for key, value in wanted.values().items()
+        if key not in _WORK_KEYS
+    )
+
+
 class PodWriter:
     """Background writer of one Pod's annotations and ``hotload.dev/SnapshotReady``."""
 
@@ -107,6 +167,7 @@ class PodWriter:
         retry: RetryPolicy,
         *,
         check_interval_s: float = DEFAULT_CHECK_INTERVAL_S,
+        loading_report_after_s: float = DEFAULT_LOADING_REPORT_AFTER_S,
     ) -> None:
         # Any: the calls pass the client's private _preload_content option.
         self._core: Any = CoreV1Api(api)
@@ -114,6 +175,9 @@ class PodWriter:
         self.name = name
         self._backoff = Backoff(retry)
         self.check_interval_s = check_interval_s
+        self.loading_report_after_s = loading_report_after_s
+        self._held_since: float | None = None
+        """Monotonic time since when a "working on a newer target" write is held back."""
         self._wanted_annotations: PodAnnotations | None = None
         self._wanted_gate: ReadinessGate | None = None
         self._observed: ObservedPod | None = None
@@ -122,9 +186,13 @@ class PodWriter:
         self._idle.set()
         self._rng = random.Random()
         self.patches = 0
-        """Patches sent (annotations and condition): for tests and the scale benchmark."""
+        """Patches sent (one per report): for tests and the scale benchmark."""
         self.repairs = 0
         """Patches that repaired a difference someone else made (not our own transition)."""
+        self.reads = 0
+        """GETs of the Pod (at start and after a failed write; the watch does the rest)."""
+        self._gone = False
+        self.watch = OwnPodWatch(api, namespace, name, retry, self._seen, self._deleted)
 
     def _context(self) -> dict[str, Any]:
         return {"namespace": self.namespace, "pod": self.name}
@@ -139,8 +207,24 @@ class PodWriter:
             pod = await read_json(
                 self._core.read_namespaced_pod(self.name, self.namespace, _preload_content=False)
             )
+        self.reads += 1
         self._observed = _observed(pod)
+        self._gone = False
         return self._observed
+
+    def _seen(self, pod: dict[str, Any]) -> None:
+        """The watch saw the Pod: a change of ours someone undid is repaired at once."""
+        seen = _observed(pod)
+        have = self._observed
+        if have is not None and older(seen.resource_version, have.resource_version):
+            return  # our own later patch's answer already told us more
+        self._observed = seen
+        self._gone = False
+        if self._differs(seen):
+            self._changed.set()  # a repair (``settled`` waits for our own reports only)
+
+    def _deleted(self) -> None:
+        self._gone = True
 
     def publish(self, annotations: PodAnnotations, gate: ReadinessGate) -> None:
         """Ask for this report to be on the Pod (soon, in the background)."""
@@ -164,24 +248,36 @@ class PodWriter:
         )
 
     def _next_check(self) -> float:
+        """When to look again for a Pod found gone (jittered)."""
         return self.check_interval_s * self._rng.uniform(0.8, 1.2)
 
     async def run(self) -> None:
-        """Keep the Pod saying what is wanted, until cancelled."""
+        """Keep the Pod saying what is wanted, until cancelled (the watch beside it)."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.watch.run(), name="own-pod-watch")
+            await self._write_loop()
+
+    async def _write_loop(self) -> None:
         read_back = self._observed is None
+        held = 0.0
         while True:
             if not read_back:
                 try:
-                    async with asyncio.timeout(self._next_check()):
+                    async with asyncio.timeout(held if held > 0 else None):
                         await self._changed.wait()
                 except TimeoutError:
-                    read_back = True
+                    pass  # a held write's time came
             self._changed.clear()
             try:
                 if read_back:
                     await self.observe()
                     read_back = False
                 own_change = self._idle.is_set() is False
+                held = self._hold_left()
+                if held > 0:
+                    continue  # a quick load reports only the state it ends in
+                if self._gone:
+                    raise KubeNotFound("own pod deleted", **self._context())
                 if self._differs(self._observed):
                     await self._write(repair=not own_change)
                 self._backoff.reset()
@@ -202,38 +298,47 @@ class PodWriter:
                 await asyncio.sleep(delay)
                 read_back = True
 
+    def _hold_left(self) -> float:
+        """Seconds a "working on a newer target" write may still wait (0: write now)."""
+        observed, wanted = self._observed, self._wanted_annotations
+        if (
+            observed is None
+            or wanted is None
+            or not working_on_only(wanted, self._wanted_gate, observed)
+            or not annotations_differ(wanted, observed)
+        ):
+            self._held_since = None
+            return 0.0
+        now = time.monotonic()
+        if self._held_since is None:
+            self._held_since = now
+        return self._held_since + self.loading_report_after_s - now
+
     async def _write(self, *, repair: bool) -> None:
+        """One patch of ``pods/status`` with every part of the report that differs."""
         observed = self._observed
         assert observed is not None  # read just before
         annotations, gate = self._wanted_annotations, self._wanted_gate
+        body: dict[str, Any] = {}
         if annotations is not None and annotations_differ(annotations, observed):
-            with kube_errors(**self._context(), write="annotations"):
-                pod = await read_json(
-                    self._core.patch_namespaced_pod(
-                        self.name,
-                        self.namespace,
-                        annotation_patch(annotations),
-                        _content_type=MERGE_PATCH,
-                        _preload_content=False,
-                    )
-                )
-            self._observed = observed = _observed(pod)
-            self._count(repair, "annotations")
+            body.update(annotation_patch(annotations))
+        what = "annotations"
+        call: dict[str, Any] = {"_content_type": MERGE_PATCH}
         if gate is not None and gate_differs(gate, observed):
             moment = observed.gate_transition
             if observed.gate_status != gate.ready or moment is None:
                 moment = datetime.now(UTC)
-            with kube_errors(**self._context(), write="condition"):
-                pod = await read_json(
-                    self._core.patch_namespaced_pod_status(
-                        self.name,
-                        self.namespace,
-                        condition_patch(gate, moment),
-                        _preload_content=False,
-                    )
+            body.update(condition_patch(gate, moment))
+            what = "condition" if len(body) == 1 else "annotations and condition"
+            call = {}  # strategic merge: conditions merge by type
+        with kube_errors(**self._context(), write=what):
+            pod = await read_json(
+                self._core.patch_namespaced_pod_status(
+                    self.name, self.namespace, body, _preload_content=False, **call
                 )
-            self._observed = _observed(pod)
-            self._count(repair, "condition")
+            )
+        self._observed = _observed(pod)
+        self._count(repair, what)
 
     def _count(self, repair: bool, what: str) -> None:
         self.patches += 1

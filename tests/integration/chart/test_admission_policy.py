@@ -204,6 +204,44 @@ def test_a_sidecar_cannot_write_other_conditions_or_status(replicas: Replicas) -
     )
 
 
+def test_the_whole_report_in_one_status_write_and_nothing_else_through_status(
+    replicas: Replicas,
+) -> None:
+    """The sidecar sends its report as one patch of ``pods/status`` (annotations and its
+    condition); the policy skips the spec comparison there (the API server keeps the spec
+    of a status write) but still guards the metadata a status write can change."""
+    ns, a = replicas.namespace, replicas.a
+    report = {
+        "metadata": {"annotations": {"hotload.dev/state": "Ready", "hotload.dev/target": "s-1"}},
+        "status": {"conditions": [{"type": CONDITION_SNAPSHOT_READY, "status": "True",
+                                   "reason": "Verified"}]},
+    }  # fmt: skip
+    a.patch_namespaced_pod_status("replica-a", ns, report)
+    pod = replicas.admin.read_namespaced_pod("replica-a", ns)
+    assert pod.metadata.annotations["hotload.dev/target"] == "s-1"
+    assert {c.type: c.status for c in pod.status.conditions or []}[CONDITION_SNAPSHOT_READY] == (
+        "True"
+    )
+    _refused(
+        lambda: a.patch_namespaced_pod_status(
+            "replica-a", ns, {"metadata": {"annotations": {"example.com/owner": "me"}}}
+        ),
+        "only the hotload.dev/ annotations",
+    )
+    _refused(
+        lambda: a.patch_namespaced_pod_status(
+            "replica-a", ns, {"metadata": {"labels": {"app": "gone"}}}
+        ),
+        "labels",
+    )
+    _refused(
+        lambda: a.patch_namespaced_pod_status(
+            "replica-b", ns, {"metadata": {"annotations": {"hotload.dev/state": "Ready"}}}
+        ),
+        "bound to pod replica-a, not replica-b",
+    )
+
+
 def test_a_token_bound_to_no_pod_writes_no_pod(replicas: Replicas) -> None:
     _refused(
         lambda: _annotate(

@@ -103,12 +103,13 @@ def _sidecar_asks(namespace: str, other: str) -> tuple[list[Ask], list[Ask]]:
     may = [
         *(Ask(v, "rolloutdeployments.hotload.dev", namespace) for v in ("get", "list", "watch")),
         Ask("get", "pods", namespace),
+        Ask("watch", "pods", namespace),  # its own, by name (the report's repairs)
         Ask("patch", "pods", namespace),
         Ask("get", "pods", namespace, subresource="status"),
         Ask("patch", "pods", namespace, subresource="status"),
     ]
     may_not = [
-        *(Ask(v, "pods", namespace) for v in ("list", "watch", "create", "update", "delete")),
+        *(Ask(v, "pods", namespace) for v in ("list", "create", "update", "delete")),
         Ask("create", "pods", namespace, subresource="exec"),
         Ask("create", "pods", namespace, subresource="eviction"),
         Ask("patch", "rolloutdeployments.hotload.dev", namespace),
