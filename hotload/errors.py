@@ -14,6 +14,7 @@ and the operator puts on conditions and Events (the constants live in
 
 from __future__ import annotations
 
+import errno
 from typing import Any, ClassVar
 
 
@@ -134,6 +135,48 @@ class StorageRejected(StorageError):
 
     reason = "StorageRejected"
     transient = False
+
+
+# --- resources of this host (transient: retried once there is room again) -----------
+
+
+class ResourceExhausted(HotloadError):
+    """This process ran out of a resource of its host: retry once there is room again."""
+
+    transient = True
+
+
+class DiskFull(ResourceExhausted):
+    """A volume we write (the staging ``emptyDir``: tmpfs when its medium is Memory) has no
+    space left (``ENOSPC``, ``EDQUOT``, ``EFBIG``). The write's partial files are removed."""
+
+    reason = "DiskFull"
+
+
+class OutOfMemory(ResourceExhausted):
+    """An allocation failed (``MemoryError``, ``ENOMEM``): memory pressure on the pod."""
+
+    reason = "OutOfMemory"
+
+
+#: The errnos that mean "no space left where we write".
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def resource_exhausted(error: BaseException, **context: Any) -> ResourceExhausted | None:
+    """The typed error for a foreign one that means the host ran out of space or memory
+    (``OSError`` with a no-space errno, ``MemoryError``, ``ENOMEM``); None otherwise.
+    ``context`` says where (the path written, the phase)."""
+    if isinstance(error, ResourceExhausted):
+        return error
+    if isinstance(error, MemoryError):
+        return OutOfMemory("out of memory", error=str(error) or "MemoryError", **context)
+    if isinstance(error, OSError):
+        if error.errno in NO_SPACE_ERRNOS:
+            return DiskFull("no space left on the volume", error=str(error), **context)
+        if error.errno == errno.ENOMEM:
+            return OutOfMemory("out of memory", error=str(error), **context)
+    return None
 
 
 # --- engines ------------------------------------------------------------------------

@@ -46,8 +46,13 @@ NOT_FOUND: Final = "NotFound"
 ENGINE_BUSY: Final = "EngineBusy"
 ENGINE_UNAVAILABLE: Final = "EngineUnavailable"
 """The engine does not answer (restarting, overloaded): retried."""
+DISK_FULL: Final = "DiskFull"
+"""The staging volume has no space left (``ENOSPC``; a Memory ``emptyDir`` at its size):
+the partial files are removed and the load retried with backoff until there is room."""
+OUT_OF_MEMORY: Final = "OutOfMemory"
+"""An allocation failed while fetching or rebuilding (memory pressure): retried."""
 TRANSIENT_REASONS: Final = frozenset(
-    {STORAGE_UNAVAILABLE, NOT_FOUND, ENGINE_BUSY, ENGINE_UNAVAILABLE}
+    {STORAGE_UNAVAILABLE, NOT_FOUND, ENGINE_BUSY, ENGINE_UNAVAILABLE, DISK_FULL, OUT_OF_MEMORY}
 )
 
 # Replica-only: that replica is Failed; the chain is fine.

@@ -21,7 +21,10 @@ when no thread touches staging any more.
 
 Errors pass through typed: ``NotFound``/``StorageUnavailable`` (transient),
 ``ChecksumMismatch``/``ChainBroken``/``ManifestInvalid``/``DecodeFailed`` (chain-breaking,
-until a fresh replay says otherwise), ``AccessDenied``.
+until a fresh replay says otherwise), ``AccessDenied``. A volume without room or a failed
+allocation in any phase is ``DiskFull`` / ``OutOfMemory`` (transient: retried once there
+is room), never an untyped error, and leaves no partial file: a download removes its own,
+a fresh rebuild its temporary directory, an in-place one restores the buffer exactly.
 """
 
 from __future__ import annotations
@@ -37,10 +40,16 @@ from pathlib import Path
 from hotload.api import LoadPath, SnapshotRef
 from hotload.api.kinds import Identity
 from hotload.cancellation import CancelToken, run_cancellable
-from hotload.errors import ChecksumMismatch, HotloadError, ManifestInvalid, ObjectTooLarge
+from hotload.errors import (
+    ChecksumMismatch,
+    HotloadError,
+    ManifestInvalid,
+    ObjectTooLarge,
+    resource_exhausted,
+)
 from hotload.sidecar.metrics import AgentMetrics
 from hotload.sidecar.planning import Base, BuildChoice, BuildOptions, Slot, Staged
-from hotload.sidecar.staging import StagingArea
+from hotload.sidecar.staging import StagingArea, write_whole
 from hotload.sidecar.status import Phase
 from hotload.snapshot import (
     MANIFEST_NAME,
@@ -120,6 +129,13 @@ def snapshot_at_fault(error: HotloadError, default: str) -> str:
     if isinstance(key, str) and "/" in key:
         return key.split("/", 1)[0]
     return default
+
+
+def exhausted(error: BaseException, staging: StagingArea, phase: str) -> HotloadError | None:
+    """``DiskFull``/``OutOfMemory`` for an error that means the pod ran out of room,
+    saying how much staging has left; None for any other error."""
+    free = staging.free_bytes()
+    return resource_exhausted(error, phase=phase, volume=str(staging.root), free_bytes=free)
 
 
 class BuildFailed(Exception):
@@ -240,6 +256,11 @@ class SnapshotLoader:
                     base = await self._rebuild_one(manifest, base, into, token)
         except HotloadError as err:
             raise BuildFailed(err, snapshot_at_fault(err, current)) from err
+        except (OSError, MemoryError) as err:
+            mapped = exhausted(err, self.staging, "rebuild")
+            if mapped is None:
+                raise
+            raise BuildFailed(mapped, current) from err
         final = manifests[-1]
         staged = self.staging.held(into)
         if staged is None or staged.identity != final.identity:
@@ -274,6 +295,11 @@ class SnapshotLoader:
                     await run_cancellable(token, self._verify_stored, manifest, token)
         except HotloadError as err:
             raise BuildFailed(err, snapshot_at_fault(err, current)) from err
+        except (OSError, MemoryError) as err:
+            mapped = exhausted(err, self.staging, "fetch")
+            if mapped is None:
+                raise
+            raise BuildFailed(mapped, snapshot_at_fault(mapped, current)) from err
 
     def _base_dir(
         self, choice: BuildChoice, into: Slot, served: tuple[Slot, Staged] | None
@@ -330,7 +356,7 @@ class SnapshotLoader:
         _, data = self._manifests[identity]
         directory = self.staging.fetch_dir(identity)
         directory.mkdir(parents=True, exist_ok=True)
-        (directory / MANIFEST_NAME).write_bytes(data)
+        write_whole(directory / MANIFEST_NAME, data)
 
     async def _fetch(
         self, manifests: list[Manifest], timings: LoadTimings, token: CancelToken

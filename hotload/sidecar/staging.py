@@ -88,6 +88,25 @@ def directory_digest(directory: Path) -> str:
         return index.digest()
 
 
+def write_whole(path: Path, data: bytes) -> None:
+    """``data`` at ``path`` whole or not at all: a temporary sibling, fsync'd and renamed,
+    removed when the write fails (a full volume keeps no half file)."""
+    temp = path.with_name(f".{path.name}.tmp")
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+
+
 @dataclass(frozen=True)
 class BufferRoles:
     """What ``buffers.json`` says."""
@@ -118,6 +137,14 @@ class StagingArea:
             for entry in directory.iterdir():
                 if entry.name.startswith("."):
                     shutil.rmtree(entry, ignore_errors=True)
+
+    def free_bytes(self) -> int | None:
+        """Bytes the staging volume has left (None when it cannot be asked)."""
+        try:
+            stats = os.statvfs(self.root)
+        except OSError:
+            return None
+        return stats.f_bavail * stats.f_frsize
 
     def fetch_dir(self, identity: Identity) -> Path:
         return self.root / FETCH / identity
@@ -185,18 +212,10 @@ class StagingArea:
     def set_roles(self, served: Slot | None, handed: Slot | None) -> None:
         """Record the roles durably (temp file, fsync, rename, fsync of the directory):
         written *before* a buffer is handed, so a crash never forgets one in use."""
-        path = self.root / STATE_FILE
-        temp = path.with_name(f".{STATE_FILE}.tmp")
         body = json.dumps(
             {"served": served.value if served else None, "handed": handed.value if handed else None}
         ).encode()
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, body)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temp, path)
+        write_whole(self.root / STATE_FILE, body)
         dir_fd = os.open(self.root, os.O_RDONLY)
         try:
             os.fsync(dir_fd)

@@ -58,6 +58,7 @@ from hotload.snapshot.shard_checks import (
 from hotload.snapshot.staging import copy_file, staged_directory, write_bytes
 from hotload.snapshot.tensor_files import MappedShard, TensorIndex, mapped_shards
 from hotload.snapshot.verifier import verify_stored_files
+from hotload.storage.space import reserve
 
 log = logging.getLogger(__name__)
 
@@ -351,6 +352,8 @@ def _rebuild_shard(
     target.parent.mkdir(parents=True, exist_ok=True)
     with target.open("w+b") as handle:
         handle.truncate(entry.size)
+        # Claimed now: a page first written through the map on a full tmpfs is a SIGBUS.
+        reserve(handle.fileno(), entry.size)
         with mapped(handle.fileno(), entry.size, writable=True) as output:
             output[: header.data_start] = length_prefix(header_bytes) + header_bytes
             _fill_tensors(old, deltas, manifest, header, entries, output, pool, check)

@@ -6,7 +6,8 @@ snapshot's files in place costs only the changed pages plus one read to verify. 
 *consumes* the previous directory: it is renamed to a temporary sibling of ``out``,
 patched, verified tensor by tensor, and renamed to ``out``. On any error every change
 is undone and the directory is renamed back, so the caller keeps exactly its previous
-snapshot (a crash mid-way, though, leaves neither: the caller refetches).
+snapshot — no file written for the new one stays in it, a half-written one of a full
+volume included (a crash mid-way, though, leaves neither: the caller refetches).
 
 Possible when every shard keeps its path and its tensors (names, dtypes, shapes, places
 in the data section): the common case, same architecture and sharding, even when a
@@ -24,8 +25,8 @@ import logging
 import mmap
 import os
 import tempfile
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -200,7 +201,7 @@ def _rewrite_with_header(
     header, then the old data section copied behind them (the old file kept aside)."""
     fresh = path.with_name(f".{path.name}.new")
     old_start = read_header(path).data_start
-    with path.open("rb") as source, fresh.open("wb") as target:
+    with _unfinished(fresh), path.open("rb") as source, fresh.open("wb") as target:
         target.write(length_prefix(header) + header)
         target.flush()
         size = os.fstat(source.fileno()).st_size - old_start
@@ -220,15 +221,27 @@ def _rewrite_with_header(
     os.replace(fresh, path)
 
 
+@contextmanager
+def _unfinished(fresh: Path) -> Iterator[None]:
+    """A new file being written beside the one it replaces: removed if the writing fails
+    (a full volume), so the directory restored after the failure holds no stray."""
+    try:
+        yield
+    except BaseException:
+        fresh.unlink(missing_ok=True)
+        raise
+
+
 def _replace(path: Path, data: bytes | Path, backups: list[tuple[Path, Path | None]]) -> None:
     """Put ``data`` (bytes, or a file to copy) at ``path``, keeping the old file aside."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fresh = path.with_name(f".{path.name}.new")
-    if isinstance(data, Path):
-        copy_file(data, fresh)
-    else:
-        fresh.write_bytes(data)
-        fsync_path(fresh)
+    with _unfinished(fresh):
+        if isinstance(data, Path):
+            copy_file(data, fresh)
+        else:
+            fresh.write_bytes(data)
+            fsync_path(fresh)
     backup = None
     if path.exists():
         backup = path.with_name(f".{path.name}.old")

@@ -14,6 +14,12 @@ the sidecar keeps them outside the snapshot's directory, where a file may well b
 ``x.part``, one directory per file. A cancelled download stops at its next part: the
 parts being written finish, nothing else starts, and the call returns only once no
 thread touches its files.
+
+**No space left.** The partial file's whole size is reserved before any part is fetched
+(``posix_fallocate``), so a volume without room for the object fails at once rather than
+after most of it was read; a write that still finds no room (``ENOSPC``) ends the download
+with :class:`~hotload.errors.DiskFull` (transient: retried once there is room) and removes
+that download's partial file and record — a full volume keeps no half files.
 """
 
 from __future__ import annotations
@@ -29,10 +35,17 @@ from pathlib import Path
 from typing import Final
 
 from hotload.cancellation import run_in_thread
-from hotload.errors import ChecksumMismatch, ConfigError, StorageUnavailable
+from hotload.errors import (
+    ChecksumMismatch,
+    ConfigError,
+    ResourceExhausted,
+    StorageUnavailable,
+    resource_exhausted,
+)
 from hotload.retry import RetryPolicy
 from hotload.storage.protocol import DownloadResult, ObjectInfo, ProgressCallback
 from hotload.storage.retry import call_with_retry
+from hotload.storage.space import reserve
 
 log = logging.getLogger(__name__)
 
@@ -110,21 +123,55 @@ def _save_done(paths: _Paths, plan: _Plan, key: str, done: set[int]) -> None:
         "done": sorted(done),
     }
     target = paths.state
-    temp = target.with_name(target.name + ".tmp")
-    with open(temp, "w") as handle:
-        json.dump(state, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temp, target)
+    temp = _state_temp(paths)
+    try:
+        with open(temp, "w") as handle:
+            json.dump(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, target)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+
+
+def _state_temp(paths: _Paths) -> Path:
+    return paths.state.with_name(paths.state.name + ".tmp")
 
 
 def _open_part_file(paths: _Paths, size: int, fresh: bool) -> int:
+    """The partial file, ``size`` bytes long with all of them reserved on the volume."""
     path = paths.part
     path.parent.mkdir(parents=True, exist_ok=True)
     flags = os.O_RDWR | os.O_CREAT | (os.O_TRUNC if fresh else 0)
     fd = os.open(path, flags, 0o644)
-    os.ftruncate(fd, size)
+    try:
+        os.ftruncate(fd, size)
+        reserve(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
+
+
+def discard_partial(paths: _Paths, partial: Path | None) -> None:
+    """Remove a download's partial file and its record (and its own directory)."""
+    for path in (paths.part, paths.state, _state_temp(paths)):
+        path.unlink(missing_ok=True)
+    if partial is not None:
+        with contextlib.suppress(OSError):
+            partial.rmdir()
+
+
+def _exhausted(
+    err: BaseException, paths: _Paths, partial: Path | None, key: str
+) -> ResourceExhausted | None:
+    """The typed error when ``err`` means no space or memory (the partial files removed)."""
+    mapped = resource_exhausted(err, key=key, path=str(paths.dest))
+    if mapped is not None:
+        discard_partial(paths, partial)
+        log.warning("download stopped: %s", mapped.reason, extra={"key": key, "error": str(mapped)})
+    return mapped
 
 
 def _write_part(fd: int, offset: int, data: bytes) -> None:
@@ -200,14 +247,42 @@ async def ranged_download(
         )
     plan = _Plan(info.size, info.etag, part_size)
     paths = _Paths(dest, part_path(dest, partial), state_path(dest, partial))
-    if plan.parts == 1:
-        return await _single_read(key, plan, read_range, paths, partial, retry, progress, url)
+    try:
+        if plan.parts == 1:
+            return await _single_read(key, plan, read_range, paths, partial, retry, progress, url)
+        return await _parted(
+            key, plan, read_range, paths, partial, concurrency, retry, progress, url
+        )
+    except (OSError, MemoryError) as err:
+        mapped = await run_in_thread(_exhausted, err, paths, partial, key)
+        if mapped is None:
+            raise
+        raise mapped from err
+
+
+async def _parted(
+    key: str,
+    plan: _Plan,
+    read_range: RangeReader,
+    paths: _Paths,
+    partial: Path | None,
+    concurrency: int,
+    retry: RetryPolicy,
+    progress: ProgressCallback | None,
+    url: str,
+) -> DownloadResult:
+    """An object of several parts, fetched in parallel and resumable (the module doc)."""
+    dest = paths.dest
     await run_in_thread(dest.parent.mkdir, parents=True, exist_ok=True)
     done = await run_in_thread(_load_done, paths, plan, key)
     resumed = sum(plan.bounds(i)[1] - plan.bounds(i)[0] for i in done)
     fd = await run_in_thread(_open_part_file, paths, plan.size, not done)
     if not done:
-        await run_in_thread(_save_done, paths, plan, key, done)
+        try:
+            await run_in_thread(_save_done, paths, plan, key, done)
+        except BaseException:
+            os.close(fd)
+            raise
     todo = [index for index in range(plan.parts) if index not in done]
     log.info(
         "download starting",
@@ -288,9 +363,11 @@ def _write_whole(paths: _Paths, data: bytes, partial: Path | None) -> None:
     paths.state.unlink(missing_ok=True)
     fd = os.open(paths.part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
+        reserve(fd, len(data))
         _write_part(fd, 0, data)
     except BaseException:
         os.close(fd)
+        paths.part.unlink(missing_ok=True)
         raise
     _finish(fd, paths, partial)
 

@@ -17,8 +17,10 @@ different mount paths (CONTRACTS.md, the pod contract).
 ``emptyDir: {medium: Memory}`` is backed by tmpfs, as the kubelet does: its folder lives
 under ``/dev/shm/hotload-<hash of the pods directory>/<pod>/<volume>`` (the region's
 memory root), so staging there costs what it costs in a real pod — no disk writes, no
-fsync to a device — and counts against memory. Where ``/dev/shm`` is missing it is a
-plain directory as before. ``down`` and the runtime's cleanup remove the memory root
+fsync to a device — and counts against memory. One with a ``sizeLimit`` is a tmpfs of
+that size there (:mod:`~hotload.local.runtime.sized_tmpfs`; as root), so a full staging
+volume fails its writes with ``ENOSPC`` as in a real pod. Where ``/dev/shm`` is missing it
+is a plain directory as before. ``down`` and the runtime's cleanup remove the memory root
 with the pods. Other volume types (hostPath,
 persistentVolumeClaim, ...) are refused with ``CreateContainerConfigError`` when a
 container mounts them.
@@ -36,6 +38,7 @@ from typing import Any, Final
 from hotload.errors import ContainerConfigInvalid
 from hotload.local.runtime.atomic_files import atomic_write
 from hotload.local.runtime.environment import ApiSources, PodFacts, field_value
+from hotload.local.runtime.sized_tmpfs import mount_sized, quantity_bytes, unmount_under
 from hotload.mounts import host_path
 
 SUPPORTED_VOLUMES: Final = ("emptyDir", "configMap", "secret", "projected", "downwardAPI")
@@ -54,6 +57,7 @@ def remove_memory_root(pods_dir: Path) -> None:
     """Remove every Memory emptyDir of the region whose pods live in ``pods_dir``."""
     root = memory_root(pods_dir)
     if root is not None:
+        unmount_under(root)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -141,6 +145,8 @@ class PodDirectory:
             return
         folder = self.memory_path / name
         folder.mkdir(parents=True, exist_ok=True)
+        if spec.get("sizeLimit") is not None:
+            mount_sized(folder, quantity_bytes(spec["sizeLimit"]))
         if target.is_symlink() and Path(os.readlink(target)) == folder:
             return
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -255,6 +261,7 @@ class PodDirectory:
         """Delete the pod's files (volumes, roots, kubeconfig, logs, its tmpfs folder)."""
         shutil.rmtree(self.path, ignore_errors=True)
         if self.memory_path is not None:
+            unmount_under(self.memory_path)
             shutil.rmtree(self.memory_path, ignore_errors=True)
 
 
@@ -267,6 +274,7 @@ def remove_stale_pod_dirs(pods_dir: Path, live_uids: set[str]) -> list[str]:
             for entry in directory.iterdir():
                 uid = entry.name.rsplit("_", 1)[-1]
                 if uid not in live_uids:
+                    unmount_under(entry)
                     shutil.rmtree(entry, ignore_errors=True)
                     if directory == pods_dir:
                         removed.append(entry.name)

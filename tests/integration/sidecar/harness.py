@@ -193,11 +193,17 @@ class SidecarHarness:
         sidecar_args: tuple[str, ...] = (),
         engine_args: tuple[str, ...] = ("--threads", "1"),
         secret: str | None = None,
+        staging_size_limit: str | None = None,
     ) -> dict[str, Any]:
-        """``examples/pod.yaml`` for this replica: its name, deployment, SA and Secret."""
+        """``examples/pod.yaml`` for this replica: its name, deployment, SA and Secret (and
+        a ``sizeLimit`` on its staging volume: a tmpfs of that size under the runtime)."""
         pod: dict[str, Any] = copy.deepcopy(
             yaml.safe_load((REPO / "examples/pod.yaml").read_text())
         )
+        if staging_size_limit is not None:
+            for volume in pod["spec"]["volumes"]:
+                if volume["name"] == STAGING_VOLUME:
+                    volume["emptyDir"]["sizeLimit"] = staging_size_limit
         pod["metadata"]["name"] = name
         pod["metadata"]["labels"]["app.kubernetes.io/instance"] = deployment
         pod["spec"]["serviceAccountName"] = service_account
@@ -259,6 +265,7 @@ class SidecarHarness:
         sidecar_args: tuple[str, ...] = (),
         engine_args: tuple[str, ...] = ("--threads", "1"),
         serving_timeout: float = 120,
+        staging_size_limit: str | None = None,
     ) -> Replica:
         """A pod with its RBAC (and Secret), once its engine and sidecar both answer."""
         self.create_replica(
@@ -267,6 +274,7 @@ class SidecarHarness:
             credentials=credentials,
             sidecar_args=sidecar_args,
             engine_args=engine_args,
+            staging_size_limit=staging_size_limit,
         )
         replica = await self.addressed(name, deployment)
         await self.wait_serving(replica, timeout=serving_timeout)
@@ -280,6 +288,7 @@ class SidecarHarness:
         credentials: Mapping[str, str] | None = None,
         sidecar_args: tuple[str, ...] = (),
         engine_args: tuple[str, ...] = ("--threads", "1"),
+        staging_size_limit: str | None = None,
     ) -> None:
         """Create a pod with its RBAC (and Secret); the runtime starts it."""
         service_account = f"{name}-sidecar"
@@ -295,6 +304,7 @@ class SidecarHarness:
             sidecar_args=sidecar_args,
             engine_args=engine_args,
             secret=secret,
+            staging_size_limit=staging_size_limit,
         )
         self.core.create_namespaced_pod(self.namespace, body)
 

@@ -27,6 +27,8 @@ LOAD_ERRORS: tuple[type[errors.HotloadError], ...] = (
     errors.EngineError,
     errors.DigestMismatch,
     errors.ConfigError,
+    errors.DiskFull,
+    errors.OutOfMemory,
 )
 
 
@@ -56,3 +58,19 @@ def test_a_target_inconsistent_with_its_manifest_is_not_a_chain_break() -> None:
     # and chain can mark ChainValid=False.
     assert reasons.TARGET_INCONSISTENT not in reasons.CHAIN_BREAKING_REASONS
     assert reason_class(reasons.TARGET_INCONSISTENT) is ReasonClass.REPLICA
+
+
+def test_running_out_of_space_or_memory_is_its_own_transient_reason() -> None:
+    # Issue 22, finding 8: ENOSPC in fetch or rebuild was an untyped InternalError, and the
+    # replica stayed Failed after space returned.
+    import errno
+
+    assert reason_class(reasons.DISK_FULL) is ReasonClass.TRANSIENT
+    assert reason_class(reasons.OUT_OF_MEMORY) is ReasonClass.TRANSIENT
+    for number in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        mapped = errors.resource_exhausted(OSError(number, "full"), path="/x")
+        assert isinstance(mapped, errors.DiskFull) and mapped.context["path"] == "/x"
+    assert isinstance(errors.resource_exhausted(MemoryError()), errors.OutOfMemory)
+    assert isinstance(errors.resource_exhausted(OSError(errno.ENOMEM, "")), errors.OutOfMemory)
+    assert errors.resource_exhausted(OSError(errno.EIO, "io")) is None
+    assert errors.resource_exhausted(ValueError("x")) is None
