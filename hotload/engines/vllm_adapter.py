@@ -77,9 +77,10 @@ LAUNCH_VERSION = "default"
 #: The first ``/server_info`` runs ``collect_env`` (seconds on a busy node).
 SERVER_INFO_TIMEOUT = 60.0
 #: How long a report waits for ``/server_info`` before it goes on without the instance id
-#: (the request continues in the background; its answer serves the next report). Under
-#: the sidecar's report timeout (10 s), above the first call's usual ~3 s.
-INSTANCE_WAIT_S = 4.0
+#: (the request continues in the background; its answer serves the next report): after
+#: the first call (``collect_env``: 3-11 s measured) it answers in milliseconds, and a
+#: restart also shows at once as the version back at its launch value.
+INSTANCE_WAIT_S = 1.0
 #: sha256 of nothing: what ``/weight_checker`` reports for a parameter it cannot read
 #: (on CPU every linear layer, repacked by oneDNN).
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -203,19 +204,23 @@ class VLLMEngine(HttpEngine):
         milliseconds); an id never seen is a restart when the version is the launch
         value again (the label a restart always resets), else another API-server process
         of the same engine (each has its own id) and the cached id stands."""
+        at_launch = version in (None, "", self._launch_version)
         try:
             seen = await self._instance_answer()
         except EngineUnavailable:
-            # Slow (collect_env) or dropped: the id of this start stands, or none is
-            # reported yet; the version still tells a restart (it returns to its launch
-            # value), and the report is not lost for want of an id.
+            # Slow (collect_env) or dropped: the report is not lost for want of an id. The
+            # id of this start stands — unless the version is back at its launch value (a
+            # restart, or nothing loaded yet): then an earlier start's id must not stand
+            # for this one, and the id that comes next is this start's.
+            if at_launch:
+                self._instance, self._siblings = None, set()
             return self._instance
         if seen is None:
             return self._instance
         if self._instance is None or seen == self._instance or seen in self._siblings:
             self._instance = self._instance or seen
             return self._instance
-        if version in (None, "", self._launch_version):
+        if at_launch:
             self._instance, self._siblings = seen, set()  # restarted
         else:
             self._siblings.add(seen)

@@ -88,7 +88,15 @@ async def test_the_adapter_probes_what_this_release_offers(
     await vllm.wait_ready(60)
     assert vllm.offers_spans is False  # 0.32.0: no return_weight_versions on /v1
     report = await vllm.report()
-    assert report.identity is None and report.instance_id  # launch weights, its start
+    assert report.identity is None  # launch weights
+    # Its start's id: the first /server_info runs collect_env (seconds), so it may come
+    # with a later report; a report never waits for it, nor fails without it.
+    for _ in range(60):
+        if report.instance_id:
+            break
+        await asyncio.sleep(1.0)
+        report = await vllm.report()
+    assert report.instance_id
     assert "return_weight_versions" not in vllm.prepare_request("/v1/completions", {})
 
 

@@ -90,11 +90,11 @@ async def test_vllm_with_several_api_servers_is_one_engine_not_a_restart_per_rep
 
 async def test_vllm_keeps_its_instance_id_when_server_info_is_slow() -> None:
     """The first ``/server_info`` runs collect_env (seconds): a report must not fail whole
-    once the id of this start is known."""
+    once the id of this start is known (a snapshot loaded: no restart since)."""
     slow = httpx.Response(503, json={})
     recorder = ReleasedRecorder(
         {
-            ("GET", "/weight_info"): weight_info("default"),
+            ("GET", "/weight_info"): weight_info("s-1"),
             ("GET", "/server_info"): [server_info("100"), slow],
         },
         contract=VLLM,
@@ -131,6 +131,40 @@ async def test_vllm_reports_without_an_id_while_the_first_server_info_is_slow(
         assert await vllm.report() == EngineReport("s-1", None, None)  # still answering
         await asyncio.sleep(0.4)
         assert (await vllm.report()).instance_id == "100"  # the slow answer, kept
+        await vllm.aclose()
+
+
+async def test_vllm_restarted_with_a_slow_server_info_never_keeps_the_old_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Measured on a busy machine: after a restart the first ``/server_info`` answered
+    only once the sidecar had reloaded the snapshot; the new id then came with the version
+    no longer at its launch value and was taken for another API server's, so the old id
+    stood for good. Now the old id is dropped as soon as the version is back at its launch
+    value and the id is not known yet; the next id that comes is the new start's."""
+    monkeypatch.setattr(vllm_adapter, "INSTANCE_WAIT_S", 0.05)
+    version = "s-1"
+    slow = asyncio.Event()
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/weight_info":
+            return weight_info(version)
+        if request.url.path != "/server_info":
+            return httpx.Response(200, json={})
+        if version == "s-1" and not slow.is_set():
+            return server_info("100")
+        await slow.wait()  # collect_env of the new start
+        return server_info("200")
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
+        vllm = VLLMEngine(VLLM_URL, client)
+        assert (await vllm.report()).instance_id == "100"
+        version = "default"  # the engine restarted
+        assert await vllm.report() == EngineReport(None, None, None)
+        version = "s-1"  # the sidecar reloaded the snapshot
+        slow.set()
+        await asyncio.sleep(0.05)
+        assert (await vllm.report()).instance_id == "200"
         await vllm.aclose()
 
 
