@@ -35,8 +35,15 @@ Each behaviour is the release's, read in its wheel (``sglang/srt/...`` of
 - LoRA adapters (:mod:`hotload.testing.sglang_lora`): an unload waits for every request
   using the adapter; ``/v1/models`` lists loaded adapters with ``parent`` = the served name
   and ``root`` = their path (``http_server.py:1993-2022``).
-- Non-streamed ``/v1`` answers carry ``metadata.weight_version(s)``, stream chunks none;
-  admin routes take the admin key when one is set, ``/model_info`` and ``/v1`` the API
+- Non-streamed ``/v1`` answers carry ``metadata.weight_version(s)``
+  (``entrypoints/openai/serving_completions.py:645``, ``utils/weight_versions.py:90-116``;
+  ``CompletionResponse.metadata``, ``protocol.py:528-535``, ``ChatCompletionResponse``
+  1336-1343), stream chunks none (``CompletionStreamResponse`` 568,
+  ``ChatCompletionStreamResponse`` 1388: no such field). ``/update_weight_version``
+  names the version at once (``http_server.py:1527-1556``,
+  ``tokenizer_control_mixin.py:1065-1079``). A ``model`` that is not the served name and
+  holds a colon names an adapter (``entrypoints/openai/serving_base.py:40-60``).
+- Admin routes take the admin key when one is set, ``/model_info`` and ``/v1`` the API
   key, probes (``/health*``, ``/ready*``, ``/metrics``) none (``utils/auth.py:74-150``).
 """
 

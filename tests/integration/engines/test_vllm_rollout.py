@@ -35,7 +35,7 @@ from hotload.api import pod as contract
 from hotload.local import LocalRegions
 from hotload.waiting import wait_until
 from tests.fixtures.cluster import Kubectl, namespace_everywhere
-from tests.fixtures.vllm import IMAGE, SERVER_ARGS
+from tests.fixtures.vllm import IMAGE, SERVER_ARGS, START_DEADLINE_S
 from tests.integration.engines.llama_chain import LlamaChain
 from tests.integration.operator.conftest import DEPLOYMENT, TOLERATION, PodHistory, Rollout
 from tests.integration.operator.tiny_chain import TinyChain, TinySnapshot
@@ -44,8 +44,8 @@ pytestmark = [pytest.mark.engine_vllm, pytest.mark.cluster]
 
 ENGINE_PORT = 8000
 PROMPT = "The replica serves"
-#: A vLLM start (compile included) on a busy two-core machine: minutes.
-START_TIMEOUT_S = 420.0
+#: A vLLM start on a busy two-core machine: minutes (tests/fixtures/vllm.py).
+START_TIMEOUT_S = START_DEADLINE_S
 SWAP_TIMEOUT_S = 180.0
 STREAM_TOKENS = 400
 
