@@ -110,9 +110,7 @@ checks a replication target's health every 5 s, so a second probe written after 
 check replicates at once."""
 
 
-def wait_flowing(
-    home: Region, replicas: Sequence[Region], *, timeout_s: float = TIMEOUT_S
-) -> bool:
+def wait_flowing(home: Region, replicas: Sequence[Region], *, timeout_s: float = TIMEOUT_S) -> bool:
     """Wait until replication from ``home`` reaches every region in ``replicas`` again
     (False: not within ``timeout_s``).
 

@@ -58,7 +58,7 @@ from hotload.snapshot.shard_checks import (
 from hotload.snapshot.staging import copy_file, staged_directory, write_bytes
 from hotload.snapshot.tensor_files import MappedShard, TensorIndex, mapped_shards
 from hotload.snapshot.verifier import verify_stored_files
-from hotload.storage.space import reserve
+from hotload.space import reserve
 
 log = logging.getLogger(__name__)
 

@@ -43,9 +43,9 @@ from hotload.errors import (
     resource_exhausted,
 )
 from hotload.retry import RetryPolicy
+from hotload.space import reserve
 from hotload.storage.protocol import DownloadResult, ObjectInfo, ProgressCallback
 from hotload.storage.retry import call_with_retry
-from hotload.storage.space import reserve
 
 log = logging.getLogger(__name__)
 

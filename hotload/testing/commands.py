@@ -49,6 +49,7 @@ def fake_sglang(
     ),
 ) -> None:
     """Serve a fake SGLang 0.5.23 (its routes and answers; tensors held, no model run).
+
     As 0.5.23, ``--enable-lora`` needs ``--max-lora-rank`` and ``--lora-target-modules``."""
     import os
 

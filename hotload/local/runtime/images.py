@@ -46,7 +46,9 @@ class ImageSpec:
 
 LOCAL_IMAGES: Final = (
     ImageSpec(
-        pattern=re.compile(r"^(?:docker\.io/)?vllm/vllm-openai(?:-cpu)?:v(?P<version>[0-9][\w.+-]*)$"),
+        pattern=re.compile(
+            r"^(?:docker\.io/)?vllm/vllm-openai(?:-cpu)?:v(?P<version>[0-9][\w.+-]*)$"
+        ),
         venv_name="vllm",
         env={
             # No hub here: a model is a local directory (a bad path is otherwise looked up

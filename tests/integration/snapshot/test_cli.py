@@ -95,8 +95,10 @@ def test_corrupt_snapshot_exits_1_with_one_line(tmp_path: Path) -> None:
     shard.write_bytes(bytes(data))
     result = hotload("snapshot", "verify", tmp_path / "s1")
     assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1].startswith(
-        "error [ChecksumMismatch]: file hash differs"
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith("error [ChecksumMismatch]: file hash differs")
     )
     failed = hotload("snapshot", "decode", "--snapshot", tmp_path / "s1", "--out", tmp_path / "r")
     assert failed.returncode == 1 and not (tmp_path / "r").exists()

@@ -288,8 +288,6 @@ async def test_a_load_whose_caller_is_cancelled_still_ends_whole(
 ) -> None:
     runtime, chain = serving
     chain.delta()
-    await _cancelled_midway(
-        runtime, runtime.load(chain.weights[-1], "s-1-full", SnapshotKind.FULL)
-    )
+    await _cancelled_midway(runtime, runtime.load(chain.weights[-1], "s-1-full", SnapshotKind.FULL))
     assert runtime.identity == "s-1-full"
     assert_serves(runtime, chain.weights[-1])

@@ -92,9 +92,7 @@ def test_applying_changes_natively_matches_numpy_and_returns_the_undo(
     rng = np.random.default_rng(seed)
     word = np.dtype(f"u{width}")
     old = rng.integers(0, 1 << min(63, 8 * width), n, dtype=np.uint64).astype(word)
-    positions = np.sort(rng.choice(n, rng.integers(1, n + 1), replace=False)).astype(
-        position_dtype
-    )
+    positions = np.sort(rng.choice(n, rng.integers(1, n + 1), replace=False)).astype(position_dtype)
     new = old.copy()
     new[positions] = rng.integers(0, 1 << min(63, 8 * width), len(positions), dtype=np.uint64)
     new[positions[:1]] = old[positions[:1]] - word.type(1)  # a wrap below zero
