@@ -60,6 +60,14 @@ class EngineReport:
     the snapshot they came from: xxh3-128 over ``name NUL xxh3-128(tensor bytes) LF``
     sorted by name, tensors as the snapshot stores them — or None when not asked for or
     not offered. Only a digest comparable to the manifest's is reported here."""
+    generation: str | None = None
+    """Changes with every load the engine takes, whoever sent it, even under a name it
+    already serves (the reference engine's count of swaps; SGLang's path of the last disk
+    update); None where the engine offers nothing that changes with a load (vLLM). The
+    sidecar compares it on every look, so a load it did not send is seen within one."""
+    paused: bool | None = None
+    """Whether generation is held now (a pause nobody resumed); None where the engine does
+    not say. Outside its own swaps the sidecar resumes a paused engine."""
 
 
 @runtime_checkable

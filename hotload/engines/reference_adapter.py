@@ -66,7 +66,8 @@ class ReferenceEngine(HttpEngine):
 
     async def report(self, *, digest: bool = False) -> EngineReport:
         """``GET /admin/identity`` (``?digest=true`` adds the weights' tensor-set digest).
-        Its launch weights (``init``, never loaded by a sidecar) report no identity."""
+        Its launch weights (``init``, never loaded by a sidecar) report no identity. The
+        generation is its count of swaps (every load and patch, whoever sent it)."""
         params = {"digest": "true"} if digest else None
         response = await self._http.request("GET", "/admin/identity", params=params)
         self._raise_for(response, "identity")
@@ -76,11 +77,14 @@ class ReferenceEngine(HttpEngine):
             body.get("instance_id"),
             body.get("digest"),
         )
+        swaps, paused = body.get("swaps"), body.get("paused")
         loaded = body.get("loaded", True) is not False
         return EngineReport(
             identity if isinstance(identity, str) and loaded else None,
             instance if isinstance(instance, str) else None,
             value if isinstance(value, str) else None,
+            generation=str(swaps) if isinstance(swaps, int) else None,
+            paused=paused if isinstance(paused, bool) else None,
         )
 
     async def load_weights(self, path: Path, identity: Identity, *, kind: SnapshotKind) -> None:

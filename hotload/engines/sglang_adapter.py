@@ -128,14 +128,35 @@ class SGLangEngine(HttpEngine):
     async def report(self, *, digest: bool = False) -> EngineReport:
         """The weight version it serves (None for its launch value or unknown weights).
         No instance id: a restart shows as the version returning to its launch value. No
-        digest: SGLang's checksums are of its own fused parameters, not the snapshot's."""
+        digest: SGLang's checksums are of its own fused parameters, not the snapshot's.
+        The generation is ``model_path``, which every disk update sets to the path it
+        loaded (a foreign update under the served version shows there); paused is
+        ``/ready`` answering 503 while ``/model_info`` answers (``http_server.py:714-718``:
+        ``not is_pause and is_healthy()``)."""
         info = await self._model_info()
         served = info.get("served_model_name")
         if isinstance(served, str) and served:
             self._served_model = served
         identity = self._identity(info.get("weight_version"))
         await self._sync_lora(identity)
-        return EngineReport(identity, None, None)
+        path = info.get("model_path")
+        return EngineReport(
+            identity,
+            None,
+            None,
+            generation=path if isinstance(path, str) and path else None,
+            paused=await self._holding(),
+        )
+
+    async def _holding(self) -> bool | None:
+        """``/ready``: 503 while paused (or unhealthy, which a resume does not harm)."""
+        try:
+            response = await self._info.request("GET", "/ready")
+        except EngineUnavailable:
+            return None
+        if response.status_code == 503:
+            return True
+        return False if response.status_code == 200 else None
 
     @property
     def active_lora(self) -> str | None:

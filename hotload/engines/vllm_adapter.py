@@ -172,7 +172,20 @@ class VLLMEngine(HttpEngine):
         if self.offers_spans is None:
             with contextlib.suppress(EngineUnavailable):
                 await self.probe()
-        return EngineReport(identity, instance, None)
+        return EngineReport(identity, instance, None, paused=await self._holding())
+
+    async def _holding(self) -> bool | None:
+        """``GET /is_paused`` (dev mode: ``entrypoints/rl/online/api_router.py``); None
+        where it does not answer. vLLM offers nothing that changes with a reload (no
+        generation): ``weight_version`` is what the last ``/update_weight_version`` said."""
+        try:
+            response = await self._http.request("GET", "/is_paused")
+        except EngineUnavailable:
+            return None
+        if response.status_code != 200:
+            return None
+        paused = json_object(response).get("is_paused")
+        return paused if isinstance(paused, bool) else None
 
     @property
     def active_lora(self) -> str | None:

@@ -10,7 +10,9 @@ rollback (a failure midway leaves them mixed; the version is untouched); the wei
 starts at ``"default"``; ``/server_info?config_format=json`` carries the instance id (the
 start time in ns); per-choice ``weight_versions`` spans come with
 ``return_weight_versions`` and, when streaming, only in the last chunk; unknown routes
-and missing adapters both answer 404, told apart by the error's ``type``.
+and missing adapters both answer 404, told apart by the error's ``type``; ``GET
+/is_paused`` says whether a pause holds (``entrypoints/rl/online/api_router.py``, dev mode;
+``tests/fixtures/engines/vllm-0.33.0/routes.json``).
 """
 
 from __future__ import annotations

@@ -387,3 +387,44 @@ async def test_a_client_that_goes_away_frees_its_generation(
         "the abandoned generation kept running"
     )
     await asyncio.wait_for(engine.pause(PauseMode.WAIT), timeout=5)  # nothing left to wait for
+
+
+# --- what the report says about loads and pauses nobody announced (issue 22, 6 and 9) ----
+# A load under the name the engine already serves changed nothing the sidecar looked at
+# (identity and instance stay): the report's generation (the engine's count of swaps)
+# changes with every load and patch, whoever sent it, and the digest then tells other
+# weights from the same. A pause sent by anyone shows as ``paused``.
+
+
+async def test_a_foreign_load_under_the_served_name_changes_the_generation_and_digest(
+    engine: ReferenceEngine, publish: Publish
+) -> None:
+    await engine.load_weights(publish("gen-1", 1), "gen-1", kind=SnapshotKind.FULL)
+    ours = await engine.report(digest=True)
+    assert ours.identity == "gen-1" and ours.generation is not None and ours.digest
+    assert (await engine.report()).generation == ours.generation, "a look is not a load"
+
+    async with httpx.AsyncClient(base_url=engine.base_url, timeout=60) as client:
+        foreign = {"path": str(publish("other-9", 9)), "identity": "gen-1", "kind": "Full"}
+        (await client.post("/admin/load", json=foreign)).raise_for_status()
+
+    theirs = await engine.report(digest=True)
+    assert (theirs.identity, theirs.instance_id) == (ours.identity, ours.instance_id)
+    assert theirs.generation != ours.generation
+    assert theirs.digest != ours.digest
+
+    # The same weights loaded again are a new generation with the same digest.
+    await engine.load_weights(publish("gen-1", 1), "gen-1", kind=SnapshotKind.FULL)
+    again = await engine.report(digest=True)
+    assert again.generation not in (ours.generation, theirs.generation)
+    assert again.digest == ours.digest
+
+
+async def test_a_pause_shows_in_the_report_until_resumed(engine: ReferenceEngine) -> None:
+    assert (await engine.report()).paused is False
+    async with httpx.AsyncClient(base_url=engine.base_url, timeout=30) as client:
+        mode = {"mode": PauseMode.IN_PLACE.value}
+        (await client.post("/admin/pause", json=mode)).raise_for_status()
+    assert (await engine.report()).paused is True
+    await engine.resume()
+    assert (await engine.report()).paused is False

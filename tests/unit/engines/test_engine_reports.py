@@ -47,9 +47,46 @@ async def test_sglang_reports_nothing_loaded_at_launch_then_the_version_then_a_r
         contract=SGLANG,
     )
     sglang = SGLangEngine(SGLANG_URL, recorder.client())
-    assert await sglang.report() == EngineReport(None, None, None)
-    assert await sglang.report() == EngineReport("step-4", None, None)
-    assert await sglang.report() == EngineReport(None, None, None)
+    base, step = "/models/base", "/var/lib/hotload/staging/a/step-4"
+    assert await sglang.report() == EngineReport(None, None, None, generation=base)
+    assert await sglang.report() == EngineReport("step-4", None, None, generation=step)
+    assert await sglang.report() == EngineReport(None, None, None, generation=base)
+
+
+async def test_sglang_names_a_foreign_disk_update_by_its_path_and_a_pause_by_ready() -> None:
+    """Issue 22, findings 6 and 9: someone else's ``/update_weights_from_disk`` naming the
+    served version changes only ``model_path``; a pause shows as ``/ready`` 503 while
+    ``/model_info`` answers (``http_server.py:714-718``)."""
+    ours, theirs = "/var/lib/hotload/staging/buffers/a/step-4", "/tmp/other-weights"
+    recorder = ReleasedRecorder(
+        {
+            ("GET", "/model_info"): [model_info("step-4", ours), model_info("step-4", theirs)],
+            ("GET", "/ready"): [httpx.Response(200, json={}), httpx.Response(503, json={})],
+        },
+        contract=SGLANG,
+    )
+    sglang = SGLangEngine(SGLANG_URL, recorder.client())
+    before, after = await sglang.report(), await sglang.report()
+    assert (before.identity, before.generation, before.paused) == ("step-4", ours, False)
+    assert (after.identity, after.generation, after.paused) == ("step-4", theirs, True)
+
+
+async def test_vllm_says_whether_it_is_paused_and_offers_no_generation() -> None:
+    recorder = ReleasedRecorder(
+        {
+            ("GET", "/weight_info"): weight_info("step-4"),
+            ("GET", "/server_info"): server_info("100"),
+            ("GET", "/is_paused"): [
+                answer(VLLM, "GET", "/is_paused", {"is_paused": False}),
+                answer(VLLM, "GET", "/is_paused", {"is_paused": True}),
+            ],
+        },
+        contract=VLLM,
+    )
+    vllm = VLLMEngine(VLLM_URL, recorder.client())
+    reports = [await vllm.report(), await vllm.report()]
+    assert [r.paused for r in reports] == [False, True]
+    assert [r.generation for r in reports] == [None, None]
 
 
 async def test_vllm_reports_a_restart_when_a_new_instance_is_back_on_the_launch_version() -> None:
