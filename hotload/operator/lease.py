@@ -258,6 +258,10 @@ class LeaderLease:
         if self._fence is fence:
             self._body = written
             self._valid_until = sent_at + self.timing.duration_s - self.timing.renew_s
+            # A renewal sent after the last one's validity ran out (this process's loop
+            # was busy past it) makes a tenure current again that a waiter saw lapse:
+            # wake it, or it waits on a Lease we keep renewing.
+            self._leading.set()
 
     def _drop(self, why: str) -> None:
         if self._fence is None:

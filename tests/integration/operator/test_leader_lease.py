@@ -6,12 +6,14 @@ defaults (tests/integration/operator/test_fencing.py freezes a real one).
 Would catch: two holders at once, a holder whose tenure outlives its last renewal (a
 frozen leader that resumes and writes), a restarted process resuming its predecessor's
 tenure or preempting a live holder, a clean stop that leaves the standby waiting a whole
-Lease duration, a write sent without holding the Lease.
+Lease duration, a write sent without holding the Lease, a reconciler that saw its tenure
+lapse while the process's loop was busy and then waits forever on a Lease still renewed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -84,3 +86,41 @@ async def test_one_holder_a_silent_holder_loses_its_fence_first_and_a_restart_yi
         for task in running.values():
             task.cancel()
         await asyncio.gather(*running.values(), return_exceptions=True)
+
+
+async def test_a_waiter_that_saw_a_lapse_resumes_when_a_late_renewal_succeeds(
+    api: ApiClient, namespace: str
+) -> None:
+    """The event loop blocked past the tenure's validity (a large LIST parsed, a loaded
+    machine): the reconciler sees the tenure lapse and waits; the next renewal still
+    succeeds (nobody took the Lease meanwhile), and the waiter must lead again."""
+    holder = lease(api, namespace, "op-0_dddd")
+    running = asyncio.create_task(holder.run())
+    resumed: list[int] = []
+
+    async def reconciler() -> None:
+        while True:
+            tenure = await holder.wait_leading()
+            resumed.append(tenure)
+            while holder.leading and holder.tenure == tenure:
+                await asyncio.sleep(0.05)
+
+    waiting = asyncio.create_task(reconciler())
+    try:
+        await asyncio.wait_for(holder.wait_leading(), 10)
+        for _ in range(100):  # the reconciler is in its tenure
+            if resumed:
+                break
+            await asyncio.sleep(0.05)
+        assert len(resumed) == 1
+        time.sleep(TIMING.duration_s - TIMING.renew_s + 0.3)  # the loop blocked past validity
+        for _ in range(int(TIMING.duration_s * 2 / 0.05)):
+            if len(resumed) == 2 and holder.leading:
+                break
+            await asyncio.sleep(0.05)
+        assert holder.leading, "the Lease is renewed after the stall"
+        assert len(resumed) == 2, "the reconciler that saw the lapse leads again"
+    finally:
+        for task in (running, waiting):
+            task.cancel()
+        await asyncio.gather(running, waiting, return_exceptions=True)
