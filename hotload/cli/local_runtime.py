@@ -75,6 +75,13 @@ def runtime_command(
 def runtime_host_command(
     name: str = typer.Option(..., "--name", help="The deployment this host serves (for logs)."),
     agent_factory: str = typer.Option(..., "--agent-factory", help="module:function per pod."),
+    schedule: str = typer.Option(
+        "ranked",
+        "--schedule",
+        envvar="HOTLOAD_SHARED_HOST_SCHEDULE",
+        help="ranked: the agent started first gets the threads first (replicas finish one "
+        "after another, as on separate machines); fifo: every agent's calls in turn.",
+    ),
 ) -> None:
     """Host shared-mode agents as tasks (started by the runtime; commands on stdin)."""
     import logging
@@ -82,7 +89,7 @@ def runtime_host_command(
     from hotload.local.runtime.shared_host_main import load_factory, serve
 
     logging.getLogger(__name__).info("shared host starting", extra={"host": name})
-    asyncio.run(serve(load_factory(agent_factory)))
+    asyncio.run(serve(load_factory(agent_factory), schedule))
 
 
 @echo_server_app.command("echo-server")

@@ -39,6 +39,7 @@ BASE_ENV_NAMES: Final = (
     "PYTHONPATH",
     "HOTLOAD_CACHE",
     "HOTLOAD_LOG_LEVEL",
+    "HOTLOAD_SHARED_HOST_SCHEDULE",
 )
 _ENV_NAME: Final = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 

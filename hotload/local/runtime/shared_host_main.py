@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import importlib
+import itertools
 import logging
+import os
 import sys
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
@@ -21,6 +24,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from hotload.errors import ConfigError
+from hotload.local.runtime.ranked_executor import AGENT_RANK, RankedExecutor
 from hotload.local.runtime.shared_protocol import (
     AgentExited,
     AgentStarted,
@@ -57,6 +61,7 @@ class SharedHost:
         self._emit = emit
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.registries: dict[str, CollectorRegistry] = {}
+        self._ranks = itertools.count()
 
     def start(self, command: StartAgent) -> None:
         if command.uid in self._tasks and not self._tasks[command.uid].done():
@@ -64,7 +69,11 @@ class SharedHost:
             return
         registry = CollectorRegistry(auto_describe=True)
         self.registries[command.uid] = registry
-        task = asyncio.create_task(self._factory(command.env, registry), name=command.pod)
+        context = contextvars.copy_context()  # the agent's tasks inherit its rank
+        context.run(AGENT_RANK.set, next(self._ranks))
+        task = asyncio.create_task(
+            self._factory(command.env, registry), name=command.pod, context=context
+        )
         self._tasks[command.uid] = task
         task.add_done_callback(lambda done: self._ended(command.uid, command.pod, done))
         self._emit(AgentStarted(command.uid))
@@ -107,9 +116,18 @@ class SharedHost:
         return len(self._tasks)
 
 
-async def serve(factory: AgentFactory) -> None:
+#: How the host's thread pool orders the agents' blocking calls: ``ranked`` (the agent
+#: started first goes first: :mod:`~hotload.local.runtime.ranked_executor`) or ``fifo``.
+SCHEDULES = ("ranked", "fifo")
+
+
+async def serve(factory: AgentFactory, schedule: str = "ranked") -> None:
     """Read commands from stdin, write events to stdout, until stdin closes."""
     loop = asyncio.get_running_loop()
+    if schedule not in SCHEDULES:
+        raise ConfigError("unknown shared host schedule", schedule=schedule)
+    if schedule == "ranked":
+        loop.set_default_executor(RankedExecutor(min(32, (os.cpu_count() or 1) + 4), name="agents"))
     reader = asyncio.StreamReader(limit=2**22)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     out = sys.stdout.buffer
