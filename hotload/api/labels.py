@@ -48,3 +48,15 @@ FENCE_ANNOTATION: Final = "hotload.dev/fence"
 finalizers): the writer's fence token ``<holder>/<leaseTransitions>`` of the region's leader
 Lease. Status writes carry the same token in ``status.fence``. The chart's admission policy
 refuses an operator write whose token is not the Lease's now (docs/operator.md, "Fencing")."""
+
+SWITCH_AT_ANNOTATION: Final = "hotload.dev/switch-at"
+"""On a PolicySnapshot of a Coordinated deployment: the switch time the publisher committed
+(RFC 3339, UTC, ms), written once, when every replica of every region is Staged or the
+staging timeout passed. The operator copies it into ``status.targetSnapshot.switchAt``."""
+SWITCH_BY_ANNOTATION: Final = "hotload.dev/switch-by"
+"""On a PolicySnapshot of a Coordinated deployment, set by the publisher when it applies it
+(the same in every region): the deadline after which, with no decision, replicas presume
+``spec.rollout.onStagingTimeout`` (without it: creation + stagingTimeoutSeconds + lead)."""
+SWITCH_ABORTED_ANNOTATION: Final = "hotload.dev/switch-aborted"
+"""On a PolicySnapshot of a Coordinated deployment: the publisher aborted its switch (the
+time it decided), written once, instead of ``switch-at``. Nobody switches to it."""

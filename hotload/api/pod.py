@@ -25,6 +25,9 @@ ANNOTATION_MESSAGE: Final = "hotload.dev/message"
 ANNOTATION_FAILED_SNAPSHOT: Final = "hotload.dev/failed-snapshot"
 """While Failed: the snapshot whose files failed (during a replay an earlier link than
 the target may be the bad one); the operator marks that snapshot."""
+ANNOTATION_SWITCH: Final = "hotload.dev/switch"
+"""Coordinated switch only: Staged (state Loading: the target staged, waiting for the
+switch time), OnTime or Late (state Ready). Absent otherwise."""
 ANNOTATION_RUNTIME: Final = "hotload.dev/runtime"
 """`shared` asks the local pod runtime to run this pod's agent as a task in one process."""
 RUNTIME_SHARED: Final = "shared"

@@ -14,6 +14,7 @@ from hotload.api.formats import FORMAT_V1, FileHash
 from hotload.api.identity import ValidIdentity
 from hotload.api.kinds import KvCachePolicy, SnapshotKind
 from hotload.api.snapshot_ref import SnapshotRef
+from hotload.api.switch import SwitchDecision, SwitchPhase, switch_time
 
 KIND: Final = "PolicySnapshot"
 PLURAL: Final = "policysnapshots"
@@ -128,6 +129,9 @@ class ReplicaRecord(ApiStatusModel):
     via: LoadPath | None = None
     reason: str | None = None
     message: str | None = None
+    phase: SwitchPhase | None = None
+    """Coordinated switch only: Staged (state Loading, waiting for the switch time), OnTime
+    or Late (state Ready: swapped at the switch time, or after it)."""
 
     @field_serializer("since", when_used="json-unless-none")
     def _since_to_the_second(self, since: datetime) -> str:
@@ -149,6 +153,23 @@ class Propagation(ApiStatusModel):
     """When every desired replica served it or a newer one (Ready turned True)."""
 
 
+class SwitchRecord(ApiStatusModel):
+    """A coordinated switch of this snapshot, as the operator sees it (docs/operator.md)."""
+
+    decision: SwitchDecision
+    """Staging, Committed, Presumed or Aborted."""
+    at: datetime | None = None
+    """The switch time (Committed, Presumed)."""
+    by: datetime | None = None
+    """The deadline: no decision by then, and replicas presume onStagingTimeout."""
+    late_replicas: Annotated[int, Field(ge=0)] = 0
+    """Desired replicas that swapped after the switch time."""
+
+    @field_serializer("at", "by", when_used="json-unless-none")
+    def _to_the_millisecond(self, moment: datetime) -> str:
+        return switch_time(moment)
+
+
 class PolicySnapshotStatus(ApiStatusModel):
     """Rollout progress of this snapshot and the per-replica ledger."""
 
@@ -158,6 +179,9 @@ class PolicySnapshotStatus(ApiStatusModel):
     """The deployment's spec.replicas now."""
     ready_replicas: Annotated[int, Field(ge=0)] = 0
     """Replicas serving this snapshot or a newer one."""
+    staged_replicas: Annotated[int, Field(ge=0)] = 0
+    """Coordinated switch: desired replicas Staged for this snapshot or serving it or a
+    newer one (the publisher commits once this equals desiredReplicas in every region)."""
     replicas_summary: str = ""
     """"ready/desired", preformatted for the printer column."""
     replicas: dict[str, ReplicaRecord] = Field(default_factory=dict)
@@ -166,6 +190,8 @@ class PolicySnapshotStatus(ApiStatusModel):
     """Ready, ChainValid."""
     propagation: Propagation | None = None
     """Target set, first replica ready, all replicas ready."""
+    switch: SwitchRecord | None = None
+    """Coordinated switch only: the decision, the switch time, the deadline."""
     sealed_at: datetime | None = None
     """When the record was finished (Ready latched and a newer snapshot targeted, or its
     chain broken): from then on its ledger, counts and Ready condition are never written

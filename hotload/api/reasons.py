@@ -143,3 +143,9 @@ TARGET_REPAIRED: Final = "TargetRepaired"
 DELETION_HELD: Final = "DeletionHeld"
 """A deleted PolicySnapshot is kept (finalizer ``hotload.dev/served``) while it is the target
 or served; it goes once neither holds."""
+SWITCH_SCHEDULED: Final = "SwitchScheduled"
+"""A coordinated switch time reached the target: committed by the publisher (Normal), or
+the deadline presumed with ``onStagingTimeout: Follow`` (Warning)."""
+SWITCH_ABORTED: Final = "SwitchAborted"
+"""A coordinated switch was aborted (by the publisher, or presumed at the deadline with
+``onStagingTimeout: Abort``): the target went back to what the fleet serves."""

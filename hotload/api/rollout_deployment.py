@@ -13,6 +13,7 @@ from hotload.api.conditions import Condition
 from hotload.api.identity import ValidIdentity
 from hotload.api.kinds import KvCachePolicy
 from hotload.api.snapshot_ref import SnapshotRef
+from hotload.api.switch import StagingTimeoutAction, SwitchMode
 
 KIND: Final = "RolloutDeployment"
 PLURAL: Final = "rolloutdeployments"
@@ -136,6 +137,29 @@ class RetentionSpec(ApiModel):
     """Older ones are deleted (never the target, current, or the newest Full they need)."""
 
 
+class RolloutSpec(ApiModel):
+    """How a new target reaches the replicas (docs/operator.md, "Coordinated switch")."""
+
+    switch: SwitchMode = SwitchMode.INDEPENDENT
+    """Independent: each replica swaps as soon as it is ready. Coordinated: every replica of
+    every region stages the target, reports Staged, and swaps at the one time the publisher
+    commits (the PolicySnapshot annotation hotload.dev/switch-at, copied by the operator
+    into status.targetSnapshot.switchAt). Protocol, failure cases and clock skew:
+    docs/operator.md."""
+    staging_timeout_seconds: Annotated[int, Field(ge=1, le=86400)] = 300
+    """Coordinated: how long the publisher waits, from its publish, for every replica of
+    every region to be Staged before it decides without the others (onStagingTimeout)."""
+    lead_milliseconds: Annotated[int, Field(ge=0, le=600000)] = 2000
+    """Coordinated: the switch time is the decision plus this lead, so that the commit
+    reaches every replica (publisher, operator, sidecar watch) before it."""
+    on_staging_timeout: StagingTimeoutAction = StagingTimeoutAction.FOLLOW
+    """Coordinated, replicas not Staged by the timeout: Follow (the others switch at the
+    committed time; the late ones as soon as they are Staged, marked Late) or Abort (nobody
+    switches: the target goes back to what the fleet serves). It is also what every replica
+    presumes when no decision reaches it by the deadline (the publisher died): Follow
+    switches at the deadline, Abort goes back."""
+
+
 class RolloutDeploymentSpec(ApiModel):
     """The desired pool."""
 
@@ -147,6 +171,7 @@ class RolloutDeploymentSpec(ApiModel):
     sidecar: SidecarSpec = Field(default_factory=SidecarSpec)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     retention: RetentionSpec = Field(default_factory=RetentionSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
 
 
 class TargetRollback(ApiStatusModel):

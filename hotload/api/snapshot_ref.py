@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, field_serializer
 
 from hotload.api._base import ApiStatusModel
 from hotload.api.identity import ValidIdentity
 from hotload.api.kinds import KvCachePolicy, SnapshotKind
+from hotload.api.switch import switch_time
 
 
 class SnapshotRef(ApiStatusModel):
@@ -22,6 +24,25 @@ class SnapshotRef(ApiStatusModel):
     """Full, Incremental or LoRA."""
     kv_cache_policy: KvCachePolicy
     """The cache policy resolved: the snapshot's own, else the deployment's default."""
+    switch_at: datetime | None = None
+    """Coordinated switch only (the target): the moment every replica swaps to this
+    snapshot, by its own clock (RFC 3339 UTC, ms). Committed by the publisher, or the
+    deadline presumed by the operator when no decision came. A replica staged later, or
+    told later, swaps at once (Late)."""
+    switch_by: datetime | None = None
+    """Coordinated switch with onStagingTimeout Follow, before a commit: the deadline at
+    which replicas switch anyway if no commit reaches them (the publisher died)."""
+
+    @field_serializer("switch_at", "switch_by", when_used="json-unless-none")
+    def _to_the_millisecond(self, moment: datetime) -> str:
+        return switch_time(moment)
+
+    def same_snapshot(self, other: SnapshotRef | None) -> bool:
+        """The same snapshot (identity, step, kind, cache policy), whatever the switch says:
+        a commit arriving for a target is not a new target."""
+        return other is not None and self.model_dump(
+            exclude={"switch_at", "switch_by"}
+        ) == other.model_dump(exclude={"switch_at", "switch_by"})
 
     def outranks(self, other: SnapshotRef) -> bool:
         """True when this snapshot comes after ``other``: by step, and a Full beats a delta."""

@@ -147,6 +147,12 @@ def plan_deployment_status(
         "conditions": merged,
     }
     patch = {key: value for key, value in fields.items() if recorded.get(key) != value}
+    for key in ("targetSnapshot", "currentSnapshot"):
+        before, wanted = recorded.get(key), patch.get(key)
+        if isinstance(before, Mapping) and isinstance(wanted, dict):
+            # A merge patch merges objects: a field the reference lost (the target's
+            # switchBy once the switch is committed) is named with null.
+            patch[key] = {**{name: None for name in before if name not in wanted}, **wanted}
     for key, counted in (
         ("replicasByState", counts.by_state),
         ("replicasBySnapshot", counts.by_snapshot),

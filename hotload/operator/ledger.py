@@ -8,6 +8,9 @@ replica, saying where that replica stands *relative to this snapshot*:
 - ``Failed`` when its sidecar reports a failure (``reason``, ``message``);
 - ``Loading`` otherwise (``snapshot`` is what it still serves, if anything).
 
+In a coordinated switch an entry also carries the replica's ``phase``: ``Staged`` (Loading,
+this snapshot staged, waiting for the switch time), ``OnTime`` or ``Late`` (Ready on it).
+
 An entry is the API's :class:`~hotload.api.ReplicaRecord`, read and written by that model
 (one wire format). An entry that has not changed keeps its recorded ``since``, so a
 reconcile that finds nothing new writes nothing. The deployment's status gets only counts
@@ -25,6 +28,8 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from hotload.api import ReplicaRecord, ReplicaState
+from hotload.api.kinds import Identity
+from hotload.api.switch import SwitchPhase
 from hotload.operator.pods import PodReport
 
 #: Count key for replicas whose sidecar has not reported a state yet.
@@ -36,10 +41,13 @@ OrderOf = Callable[[str | None], tuple[int, int] | None]
 WireEntry = dict[str, Any]
 
 
-#: Every field of an entry, null: a changed entry is written whole (merge patch).
+#: Every field of an entry, null: a changed entry is written whole (merge patch). The
+#: coordinated switch's ``phase`` is nulled only where it was recorded (no bytes otherwise).
 _CLEARED: Final[WireEntry] = dict.fromkeys(
-    ReplicaRecord(state=ReplicaState.LOADING).model_dump(by_alias=True)
+    ReplicaRecord(state=ReplicaState.LOADING).model_dump(by_alias=True, exclude={"phase"})
 )
+
+_CLEARED_PHASE: Final[WireEntry] = {**_CLEARED, "phase": None}
 
 
 def parse_ledger(raw: object) -> dict[str, ReplicaRecord]:
@@ -66,17 +74,41 @@ def serves_at_least(pod: PodReport, order: tuple[int, int], order_of: OrderOf) -
     return served is not None and served >= order
 
 
+def is_staged(pod: PodReport, identity: Identity | None) -> bool:
+    """The replica reports ``identity`` staged for a coordinated switch."""
+    return (
+        identity is not None
+        and pod.switch_phase is SwitchPhase.STAGED
+        and pod.target_identity == identity
+        and pod.state is ReplicaState.LOADING
+    )
+
+
+def switched_phase(pod: PodReport, identity: Identity | None) -> SwitchPhase | None:
+    """How the replica switched to ``identity`` (OnTime, Late), if it serves it so."""
+    if identity is None or pod.served_identity != identity:
+        return None
+    if pod.switch_phase in (SwitchPhase.ON_TIME, SwitchPhase.LATE):
+        return pod.switch_phase
+    return None
+
+
 def ledger_entry(
     pod: PodReport,
     order: tuple[int, int],
     order_of: OrderOf,
     recorded: ReplicaRecord | None,
     now: datetime,
+    identity: Identity | None = None,
 ) -> ReplicaRecord:
-    """The replica's entry in the ledger of the snapshot of ``order``."""
+    """The replica's entry in the ledger of the snapshot of ``order`` (``identity``: the
+    snapshot's, for a coordinated switch's phase)."""
     if serves_at_least(pod, order, order_of):
         stance = ReplicaRecord(
-            state=ReplicaState.READY, snapshot=pod.served_identity, via=pod.load_path
+            state=ReplicaState.READY,
+            snapshot=pod.served_identity,
+            via=pod.load_path,
+            phase=switched_phase(pod, identity),
         )
         if recorded is not None and same_stance(stance, recorded):
             return recorded
@@ -96,6 +128,7 @@ def ledger_entry(
             state=ReplicaState.LOADING,
             snapshot=pod.served_identity,
             since=pod.since or pod.created or now,
+            phase=SwitchPhase.STAGED if is_staged(pod, identity) else None,
         )
     if recorded is not None and same_stance(entry, recorded):
         return recorded
@@ -109,6 +142,10 @@ class LedgerFold:
     entries: dict[str, ReplicaRecord]
     ready: int
     """Desired replicas serving this snapshot or a newer one."""
+    staged: int = 0
+    """Desired replicas Staged for it, or serving it or a newer one (coordinated switch)."""
+    late: int = 0
+    """Desired replicas that switched to it late (coordinated switch)."""
 
 
 def fold_ledger(
@@ -117,16 +154,21 @@ def fold_ledger(
     order_of: OrderOf,
     recorded: Mapping[str, ReplicaRecord],
     now: datetime,
+    identity: Identity | None = None,
 ) -> LedgerFold:
     """The ledger of the snapshot of ``order`` over ``pods`` (the desired replicas)."""
     entries: dict[str, ReplicaRecord] = {}
-    ready = 0
+    ready = staged = late = 0
     for pod in pods:
-        entry = ledger_entry(pod, order, order_of, recorded.get(pod.name), now)
+        entry = ledger_entry(pod, order, order_of, recorded.get(pod.name), now, identity)
         entries[pod.name] = entry
         if entry.state is ReplicaState.READY:
             ready += 1
-    return LedgerFold(entries, ready)
+        if entry.state is ReplicaState.READY or entry.phase is SwitchPhase.STAGED:
+            staged += 1
+        if entry.phase is SwitchPhase.LATE:
+            late += 1
+    return LedgerFold(entries, ready, staged, late)
 
 
 def ledger_patch(
@@ -135,8 +177,10 @@ def ledger_patch(
     """The merge patch of ``status.replicas``: changed entries whole, removed ones null."""
     patch: dict[str, WireEntry | None] = {}
     for name, entry in desired.items():
-        if recorded.get(name) != entry:
-            patch[name] = {**_CLEARED, **entry.to_k8s()}
+        before = recorded.get(name)
+        if before != entry:
+            cleared = _CLEARED if before is None or before.phase is None else _CLEARED_PHASE
+            patch[name] = {**cleared, **entry.to_k8s()}
     for name in recorded:
         if name not in desired:
             patch[name] = None

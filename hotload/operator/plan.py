@@ -10,7 +10,7 @@ executes it (``executor.py``); every decision is here, tested with tables.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -38,6 +38,7 @@ from hotload.operator.rollout import (
     validate_chains,
 )
 from hotload.operator.snapshot_status import ObservedSnapshot, plan_snapshot_status, precise_time
+from hotload.operator.switch import SwitchPlan, plan_switch
 from hotload.operator.workload import label_selector
 
 
@@ -97,6 +98,9 @@ class DeploymentPlan:
     metadata_patches: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Identity → a PolicySnapshot's metadata patch (its ``hotload.dev/served`` finalizer;
     written before the target moves onto it)."""
+    wake_at: datetime | None = None
+    """Plan again at this moment even if nothing is observed meanwhile (the deadline of the
+    target's coordinated switch)."""
 
 
 def recorded_ref(status: Mapping[str, Any], key: str) -> SnapshotRef | None:
@@ -138,14 +142,40 @@ def _current(
     if not served:
         return None
     oldest = min(served, key=lambda info: info.order)
-    return oldest.ref(spec.hot_load.kv_cache_policy)
+    return oldest.ref(spec.hot_load.kv_cache_policy, with_switch=False)
 
 
 def _describe(ref: SnapshotRef | None) -> str:
     return "none" if ref is None else f"{ref.identity} (step {ref.step}, {ref.kind.value})"
 
 
-def _target_events(plan: TargetPlan, deployment: ObservedDeployment) -> list[EventSpec]:
+def _switch_events(
+    plan: TargetPlan, deployment: ObservedDeployment, infos: Mapping[str, SnapshotInfo]
+) -> list[EventSpec]:
+    """The target gained its coordinated switch time: committed, or presumed at the
+    deadline (said once, when the switch time first appears)."""
+    target, before = plan.target, plan.previous
+    if target is None or target.switch_at is None:
+        return []
+    if before is not None and before.same_snapshot(target) and before.switch_at is not None:
+        return []
+    info = infos.get(target.identity)
+    if info is not None and info.switch.committed_at is not None:
+        how, kind = "committed by the publisher", EventType.NORMAL
+    else:
+        how = "no decision came by the deadline (onStagingTimeout: Follow)"
+        kind = EventType.WARNING
+    message = (
+        f"coordinated switch to {target.identity} (step {target.step}) at "
+        f"{precise_time(target.switch_at)}: {how}"
+    )
+    return [EventSpec(DEPLOYMENT_KIND, deployment.name, deployment.uid, kind,
+                      reason_words.SWITCH_SCHEDULED, message)]  # fmt: skip
+
+
+def _target_events(
+    plan: TargetPlan, deployment: ObservedDeployment, infos: Mapping[str, SnapshotInfo]
+) -> list[EventSpec]:
     if plan.move is TargetMove.NONE:
         return []
     written = deployment.written_target
@@ -160,7 +190,22 @@ def _target_events(plan: TargetPlan, deployment: ObservedDeployment) -> list[Eve
         return [EventSpec(DEPLOYMENT_KIND, deployment.name, deployment.uid, EventType.WARNING,
                           reason_words.TARGET_REPAIRED, message)]  # fmt: skip
     if plan.move is TargetMove.REFRESH:
-        return []
+        return _switch_events(plan, deployment, infos)
+    aborted = infos.get(plan.previous.identity) if plan.previous is not None else None
+    if plan.move is TargetMove.BACK and aborted is not None and aborted.aborted:
+        was = aborted.identity
+        by = (
+            "by the publisher"
+            if aborted.switch.aborted_at is not None
+            else "no decision came by the deadline (onStagingTimeout: Abort)"
+        )
+        back = plan.target.identity if plan.target is not None else "none"
+        message = (
+            f"coordinated switch to {was} aborted ({by}): nobody switches to it; the target "
+            f"is back to {back}, what the fleet serves"
+        )
+        return [EventSpec(DEPLOYMENT_KIND, deployment.name, deployment.uid, EventType.WARNING,
+                          reason_words.SWITCH_ABORTED, message)]  # fmt: skip
     if plan.target is None:
         reason, kind = reason_words.TARGET_CLEARED, EventType.WARNING
         message = f"target {plan.previous.identity if plan.previous else ''} is not a valid " \
@@ -178,13 +223,57 @@ def _target_events(plan: TargetPlan, deployment: ObservedDeployment) -> list[Eve
             f"target is now {plan.target.identity} (step {plan.target.step}, "
             f"{plan.target.kind.value})"
         )
-    return [EventSpec(DEPLOYMENT_KIND, deployment.name, deployment.uid, kind, reason, message)]
+    moved = EventSpec(DEPLOYMENT_KIND, deployment.name, deployment.uid, kind, reason, message)
+    return [moved, *_switch_events(plan, deployment, infos)]
+
+
+def plan_switches(
+    observation: Observation, now: datetime
+) -> tuple[dict[str, SnapshotInfo], dict[str, SwitchPlan]]:
+    """Each snapshot of the deployment with its coordinated switch planned (aborted ones are
+    no target; the target's reference carries ``switchAt``/``switchBy``), and the plans."""
+    deployment = observation.deployment
+    floor = _served_floor(observation)
+    infos: dict[str, SnapshotInfo] = {}
+    plans: dict[str, SwitchPlan] = {}
+    for identity, snap in observation.snapshots.items():
+        info = snap.info
+        plan = None
+        if info.deployment == deployment.name:
+            plan = plan_switch(info.switch, snap.created, deployment.spec.rollout, now)
+        if plan is not None:
+            plans[identity] = plan
+            info = replace(
+                info,
+                # An abort concerns a switch still to come: every replica serving the
+                # snapshot already (it was their first load) makes it moot.
+                aborted=plan.aborted and (floor is None or info.order > floor),
+                switch_at=plan.target_switch_at,
+                switch_by=plan.target_switch_by,
+            )
+        infos[identity] = info
+    return infos, plans
+
+
+def _served_floor(observation: Observation) -> tuple[int, int] | None:
+    """The order of the oldest snapshot a desired replica serves; None while one serves
+    nothing known."""
+    replicas = observation.deployment.spec.replicas
+    orders = []
+    for pod in observation.pods:
+        if not pod.is_desired(replicas):
+            continue
+        snap = observation.snapshots.get(pod.served_identity or "")
+        if snap is None:
+            return None
+        orders.append(snap.info.order)
+    return min(orders, default=None)
 
 
 def plan_deployment(observation: Observation, now: datetime) -> DeploymentPlan:
     deployment = observation.deployment
     spec = deployment.spec
-    infos = {identity: snap.info for identity, snap in observation.snapshots.items()}
+    infos, switches = plan_switches(observation, now)
     pods = observation.pods
     desired = sorted((pod for pod in pods if pod.is_desired(spec.replicas)), key=lambda p: p.name)
 
@@ -194,7 +283,7 @@ def plan_deployment(observation: Observation, now: datetime) -> DeploymentPlan:
         infos, verdicts, deployment.name, observed_target, spec.hot_load.kv_cache_policy
     )
     target = target_plan.target
-    events = _target_events(target_plan, deployment)
+    events = _target_events(target_plan, deployment, infos)
 
     def order_of(identity: Identity | None) -> tuple[int, int] | None:
         info = infos.get(identity) if identity else None
@@ -207,8 +296,9 @@ def plan_deployment(observation: Observation, now: datetime) -> DeploymentPlan:
             continue
         verdict = verdicts[identity]
         snap_plan = plan_snapshot_status(
-            observed, verdict, desired, spec.replicas, target, order_of, now
-        )
+            observed, verdict, desired, spec.replicas, target, order_of, now,
+            switches.get(identity),
+        )  # fmt: skip
         if snap_plan.patch is not None:
             snapshot_patches[identity] = snap_plan.patch
         if snap_plan.completed_now and observed.created is not None:
@@ -275,6 +365,7 @@ def plan_deployment(observation: Observation, now: datetime) -> DeploymentPlan:
         propagated=propagated,
         verdicts=verdicts,
         metadata_patches=guards.patches,
+        wake_at=(plan.wake_at if target and (plan := switches.get(target.identity)) else None),
     )
 
 

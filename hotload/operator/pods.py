@@ -20,6 +20,7 @@ from hotload.api import pod as contract
 from hotload.api.conditions import parse_time
 from hotload.api.kinds import Identity
 from hotload.api.labels import INSTANCE_LABEL
+from hotload.api.switch import SwitchPhase
 
 #: ``<statefulset>-<ordinal>``: the StatefulSet names each pod after its ordinal.
 _ORDINAL: Final = re.compile(r"-(\d+)$")
@@ -49,6 +50,8 @@ class PodReport:
     """While Failed: the snapshot whose files failed (may be an earlier link than the target)."""
     serves_verified: bool = False
     """The readiness gate ``hotload.dev/SnapshotReady`` is True."""
+    switch_phase: SwitchPhase | None = None
+    """Coordinated switch: Staged (its target, waiting for the switch time), OnTime, Late."""
 
     @property
     def ordinal(self) -> int | None:
@@ -72,6 +75,13 @@ class PodReport:
 def _state(value: str | None) -> ReplicaState | None:
     try:
         return ReplicaState(value) if value else None
+    except ValueError:
+        return None
+
+
+def _switch_phase(value: str | None) -> SwitchPhase | None:
+    try:
+        return SwitchPhase(value) if value else None
     except ValueError:
         return None
 
@@ -112,4 +122,5 @@ def pod_report(body: Mapping[str, Any]) -> PodReport | None:
         message=notes.get(contract.ANNOTATION_MESSAGE) or None,
         failed_identity=notes.get(contract.ANNOTATION_FAILED_SNAPSHOT) or None,
         serves_verified=_gate_is_true(status),
+        switch_phase=_switch_phase(notes.get(contract.ANNOTATION_SWITCH)),
     )

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -66,6 +67,7 @@ from hotload.operator.pods import PodReport, pod_report
 from hotload.operator.rollout import ChainVerdict, SnapshotInfo
 from hotload.operator.snapshot_status import ObservedSnapshot
 from hotload.operator.store import Versioned, VersionedStore, is_newer
+from hotload.operator.switch import switch_facts
 from hotload.operator.workload import label_selector, render_workload
 from hotload.retry import Backoff, RetryPolicy
 
@@ -126,6 +128,7 @@ def observed_snapshot(body: Mapping[str, Any]) -> ObservedSnapshot | None:
         kv_cache_policy=spec.kv_cache_policy,
         recorded=verdict,
         deleting=metadata.get("deletionTimestamp") is not None,
+        switch=switch_facts(metadata.get("annotations") or {}),
     )
     ledger = parse_ledger(status.get("replicas"))
     return ObservedSnapshot(
@@ -178,6 +181,8 @@ class DeploymentReconciler:
         again: they are not emitted again in this tenure)."""
         self._written_target: SnapshotRef | None = None
         """The target as this reconciler last wrote it (or found it when its tenure began)."""
+        self._wake: tuple[datetime, asyncio.TimerHandle] | None = None
+        """The reconcile asked for at a plan's ``wake_at`` (a coordinated switch's deadline)."""
         self.reconciles = 0
 
     def _context(self, **extra: Any) -> dict[str, Any]:
@@ -240,9 +245,11 @@ class DeploymentReconciler:
         observed = observed_snapshot(body)
         if observed is None:
             return
-        is_new = self._snapshots.get(name) is None
+        held = self._snapshots.get(name)
+        # A new snapshot moves the target, a switch decision reaches it: both at once.
+        urgent = held is None or held.info.switch != observed.info.switch
         if self._snapshots.upsert(name, uid, version, observed) and poke:
-            self.wakeup.poke(urgent=is_new)
+            self.wakeup.poke(urgent=urgent)
 
     def on_owned(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """An owned object changed: re-apply when its spec moved or it was deleted."""
@@ -433,12 +440,28 @@ class DeploymentReconciler:
             pods=self._pods.values(),
             snapshots=dict(self._snapshots.items()),
         )
-        plan = plan_deployment(observation, datetime.now(UTC))
+        now = datetime.now(UTC)
+        plan = plan_deployment(observation, now)
+        self._wake_at(plan.wake_at, now)
         await self._execute(plan, observation)
         self._metrics.reconcile_seconds.labels(self.namespace, self.name).observe(
             time.perf_counter() - started
         )
         return plan
+
+    def _wake_at(self, moment: datetime | None, now: datetime) -> None:
+        """Reconcile at ``moment`` (urgently), once; a plan that no longer asks cancels it."""
+        if self._wake is not None and self._wake[0] == moment:
+            return
+        if self._wake is not None:
+            self._wake[1].cancel()
+            self._wake = None
+        if moment is not None:
+            delay = max(0.0, (moment - now).total_seconds())
+            handle = asyncio.get_running_loop().call_later(
+                delay, functools.partial(self.wakeup.poke, urgent=True)
+            )
+            self._wake = (moment, handle)
 
     async def _execute(self, plan: DeploymentPlan, observation: Observation) -> None:
         # Events first: what they announce is recorded by the writes below, so a leader

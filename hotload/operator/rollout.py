@@ -22,18 +22,23 @@ users in docs/contracts.md):
   one backward move: when the target itself turns out broken (or is not a valid
   snapshot of ours at all: another writer, a deleted object), it returns to the newest
   valid snapshot, so new pods load what the others still serve.
+- A snapshot whose coordinated switch was aborted (``operator/switch.py``) is never a new
+  target, and a target whose switch is aborted goes back the same way: to the newest
+  valid snapshot, which is what the fleet still serves.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Final
 
 from hotload.api import ConditionStatus, KvCachePolicy, SnapshotKind, SnapshotRef, reasons
 from hotload.api.formats import READABLE_FORMATS, FileHash
 from hotload.api.kinds import Identity
+from hotload.operator.switch import SwitchFacts
 
 #: Formats the sidecar decodes (the manifest is the truth; this is the trainer's declaration).
 SUPPORTED_COMPRESSION_FORMATS: Final = frozenset(READABLE_FORMATS)
@@ -57,17 +62,27 @@ class SnapshotInfo:
     deleting: bool = False
     """Its deletion was asked for (it is held while the target or served): never a new
     target."""
+    switch: SwitchFacts = field(default_factory=SwitchFacts)
+    """What the publisher wrote about its coordinated switch (its annotations)."""
+    aborted: bool = False
+    """Its coordinated switch was aborted (planned from ``switch``): never a target."""
+    switch_at: datetime | None = None
+    """The target's ``switchAt`` when it is the target (planned from ``switch``)."""
+    switch_by: datetime | None = None
+    """The target's ``switchBy`` when it is the target (planned from ``switch``)."""
 
     @property
     def order(self) -> tuple[int, int]:
         return snapshot_order(self.step, self.kind)
 
-    def ref(self, default_policy: KvCachePolicy) -> SnapshotRef:
+    def ref(self, default_policy: KvCachePolicy, *, with_switch: bool = True) -> SnapshotRef:
         return SnapshotRef(
             identity=self.identity,
             step=self.step,
             kind=self.kind,
             kv_cache_policy=self.kv_cache_policy or default_policy,
+            switch_at=self.switch_at if with_switch else None,
+            switch_by=self.switch_by if with_switch else None,
         )
 
 
@@ -223,6 +238,7 @@ def newest_valid(
         for info in snapshots
         if info.deployment == deployment
         and not info.deleting
+        and not info.aborted
         and verdicts.get(info.identity, _unknown()).valid
     ]
     return max(candidates, key=lambda info: info.order, default=None)
@@ -246,14 +262,19 @@ def plan_target(
         return TargetPlan(best_ref, TargetMove.FORWARD if best_ref else TargetMove.NONE, None)
     held = snapshots.get(observed.identity)
     ours = held is not None and held.deployment == deployment
-    if held is not None and ours and verdicts.get(held.identity, _unknown()).valid:
+    if (
+        held is not None
+        and ours
+        and not held.aborted
+        and verdicts.get(held.identity, _unknown()).valid
+    ):
         if best is not None and best.order > held.order:
             return TargetPlan(best_ref, TargetMove.FORWARD, observed)
         repaired = held.ref(default_policy)
         if repaired != observed:
             return TargetPlan(repaired, TargetMove.REFRESH, observed)
         return TargetPlan(observed, TargetMove.NONE, observed)
-    # The target is broken, unknown, another deployment's, or gone.
+    # The target is broken, unknown, aborted, another deployment's, or gone.
     if best_ref is None:
         if ours:
             # Broken with nothing valid to return to: hold it; replicas keep their last good.

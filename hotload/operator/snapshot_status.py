@@ -16,6 +16,10 @@
   its files bad in the bucket is recorded.
 - ``propagation`` records when it became the target, when the first replica and when
   all replicas reached it (its creation time is ``metadata.creationTimestamp``).
+- In a coordinated switch (``operator/switch.py``), ``stagedReplicas`` counts the desired
+  replicas Staged for it or serving it (or newer) — what the publisher waits on before it
+  commits — and ``switch`` records the decision, the switch time, the deadline and how many
+  replicas switched late.
 """
 
 from __future__ import annotations
@@ -29,25 +33,32 @@ from hotload.api import ConditionStatus, ReplicaRecord, SnapshotPhase, SnapshotR
 from hotload.api import conditions as cond
 from hotload.api.conditions import CHAIN_VALID, READY
 from hotload.api.kinds import Identity
+from hotload.api.policy_snapshot import SwitchRecord
+from hotload.api.switch import switch_time
 from hotload.operator.ledger import (
     OrderOf,
     WireEntry,
     fold_ledger,
+    is_staged,
     ledger_patch,
     serves_at_least,
 )
 from hotload.operator.pods import PodReport
 from hotload.operator.rollout import ChainVerdict, SnapshotInfo, snapshot_order
+from hotload.operator.switch import SwitchPlan
 
 TARGET_SET_AT: Final = "targetSetAt"
 FIRST_READY_AT: Final = "firstReplicaReadyAt"
 ALL_READY_AT: Final = "allReplicasReadyAt"
 SEALED_AT: Final = "sealedAt"
+SWITCH: Final = "switch"
+#: Every field of ``status.switch``, null: a changed record is written whole (merge patch).
+_SWITCH_CLEARED: Final = dict.fromkeys(("decision", "at", "by", "lateReplicas"))
 
 
 def precise_time(moment: datetime) -> str:
     """RFC 3339 with milliseconds: propagation is a measurement, seconds are too coarse."""
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    return switch_time(moment)
 
 
 @dataclass(frozen=True)
@@ -90,7 +101,9 @@ def plan_snapshot_status(
     target: SnapshotRef | None,
     order_of: OrderOf,
     now: datetime,
+    switch: SwitchPlan | None = None,
 ) -> SnapshotStatusPlan:
+    """``switch``: its coordinated switch (None: the deployment switches Independent)."""
     info = observed.info
     recorded = observed.status
     recorded_conditions: list[Mapping[str, Any]] = list(recorded.get("conditions") or [])
@@ -107,6 +120,7 @@ def plan_snapshot_status(
 
     chain = cond.DesiredCondition(CHAIN_VALID, verdict.status, verdict.reason, verdict.message)
     ledger_changes: dict[str, WireEntry | None] = {}
+    staged = late = 0
     if frozen:
         ready = int(recorded.get("readyReplicas") or 0)
         desired = int(recorded.get("desiredReplicas") or 0)
@@ -134,12 +148,16 @@ def plan_snapshot_status(
         # breaking now (its ledger records the replicas' failures before it freezes).
         live = is_target or reached_by_target or TARGET_SET_AT in propagation or verdict.broken
         if live:
-            fold = fold_ledger(desired_pods, info.order, order_of, observed.ledger, now)
+            coordinated = info.identity if switch is not None else None
+            fold = fold_ledger(
+                desired_pods, info.order, order_of, observed.ledger, now, coordinated
+            )
             ledger_changes = ledger_patch(observed.ledger, fold.entries)
-            ready = fold.ready
+            ready, staged, late = fold.ready, fold.staged, fold.late
         else:
             ledger_changes = {name: None for name in observed.ledger}
             ready = sum(1 for pod in desired_pods if serves_at_least(pod, info.order, order_of))
+            staged = ready + sum(1 for pod in desired_pods if is_staged(pod, info.identity))
         now_ready = latched or (not verdict.broken and reached_by_target and ready >= desired)
         if now_ready:
             if latched:
@@ -203,6 +221,13 @@ def plan_snapshot_status(
     }
     if propagation:
         fields["propagation"] = propagation
+    if switch is not None and not frozen:
+        fields["stagedReplicas"] = staged
+        record = SwitchRecord(
+            decision=switch.decision, at=switch.at, by=switch.deadline, late_replicas=late
+        ).to_k8s()
+        if recorded.get(SWITCH) != record:
+            fields[SWITCH] = {**_SWITCH_CLEARED, **record}
     if frozen and not recorded.get(SEALED_AT):
         fields[SEALED_AT] = precise_time(now)
     patch = {key: value for key, value in fields.items() if recorded.get(key) != value}

@@ -20,10 +20,13 @@ took); everything else runs on the publisher's own worker thread
    (:mod:`~hotload.publish.delivery`): one that does not answer keeps its snapshots
    queued (in order, in the work directory's state) and gets them with the next publish
    or :meth:`Publisher.flush`;
-5. optionally wait until it is Ready in every region; a region that reports the chain
+5. where the regions' deployments are Coordinated (``spec.rollout.switch``), decide the
+   fleet's switch time once every replica is Staged and write it on every region's snapshot
+   (:mod:`~hotload.publish.switching`), while the snapshot is delivered;
+6. optionally wait until it is Ready in every region; a region that reports the chain
    broken gets, at once, a Full of the same weights (``PublishResult.fallback``; with
    ``fallback_full=False`` the next publish is that Full instead);
-6. remember the snapshot as the next one's base and tidy the work directory
+7. remember the snapshot as the next one's base and tidy the work directory
    (:mod:`~hotload.publish.tidying`).
 
 ``max_pending`` publishes may wait behind the running one; a publish that finds them
@@ -41,6 +44,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +65,10 @@ from hotload.publish.region_buckets import RegionBuckets
 from hotload.publish.region_client import RegionClient
 from hotload.publish.region_run import WaitSettings
 from hotload.publish.replication import ReplicationWatch
-from hotload.publish.results import PublishResult, RegionOutcome
+from hotload.publish.results import PublishResult, RegionOutcome, RegionResult, SwitchResult
 from hotload.publish.settings import PublisherSettings
 from hotload.publish.state import WorkDir
+from hotload.publish.switching import SwitchCoordinator
 from hotload.publish.tidying import remember, tidy
 from hotload.publish.weights import CapturedWeights, capture
 from hotload.publish.worker import SerialWorker
@@ -147,6 +152,7 @@ class Publisher:
             wait=WaitSettings(settings.wait, settings.wait_timeout_s, settings.unreachable_after_s),
             upload_concurrency=settings.upload_concurrency,
         )
+        self._switching = SwitchCoordinator(self._clients, self._state)
         self._closed = False
         self._worker = SerialWorker(
             max_pending=settings.max_pending,
@@ -197,6 +203,8 @@ class Publisher:
 
         async def work() -> dict[str, list[str]]:
             await self._delivery.flush(deadline, lambda: tidy(self._workdir, self._state))
+            await self._switching.retry()
+            tidy(self._workdir, self._state)
             return self.pending()
 
         return self._worker.submit(work).result()
@@ -226,6 +234,27 @@ class Publisher:
         self.close()
 
     # --- the worker -------------------------------------------------------------------
+
+    async def _deliver(
+        self, identity: str, policy: dict[str, Any], encoded: Path, timing: _Timing
+    ) -> tuple[dict[str, RegionResult], SwitchResult | None]:
+        """Deliver to every region and, where the regions coordinate their switch, decide
+        it meanwhile (the regions' waits for Ready end only after it)."""
+        await self._switching.retry()
+        fleet = await self._switching.fleet()
+        if fleet is None:
+            regions = await self._delivery.deliver(identity, policy, encoded, timing.started)
+            return regions, None
+        deadline = self._switching.stamp(policy, fleet, datetime.now(UTC))
+        switching = asyncio.ensure_future(
+            self._switching.coordinate(identity, fleet, deadline, timing.started)
+        )
+        try:
+            regions = await self._delivery.deliver(identity, policy, encoded, timing.started)
+        except BaseException:
+            switching.cancel()  # undecided: every region presumes at the deadline
+            raise
+        return regions, await switching
 
     async def _publish(
         self,
@@ -267,7 +296,7 @@ class Publisher:
         policy = policy_snapshot(
             settings, identity, step, kind, decision.previous, encoded.result.manifest.format
         )
-        regions = await self._delivery.deliver(identity, policy, encoded.directory, timing.started)
+        regions, switch = await self._deliver(identity, policy, encoded.directory, timing)
         remember(self._state, identity, step, kind, encoded.weights)
         self._chooser.chain_broken = False
         tidy(self._workdir, self._state)
@@ -283,6 +312,7 @@ class Publisher:
             encode_seconds=round(encoded.seconds, 3),
             seconds=round(time.monotonic() - timing.started, 3),
             regions=regions,
+            switch=switch,
             skipped_steps=skipped or [],
         )
         self.metrics.published(result)

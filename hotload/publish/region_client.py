@@ -23,9 +23,13 @@ from hotload.api.labels import (
     MANAGED_BY_LABEL,
     MANAGED_BY_PUBLISHER,
     PUBLISH_ENDPOINT_ANNOTATION,
+    SWITCH_ABORTED_ANNOTATION,
+    SWITCH_AT_ANNOTATION,
 )
 from hotload.api.policy_snapshot import PLURAL as SNAPSHOTS
 from hotload.api.rollout_deployment import PLURAL as DEPLOYMENTS
+from hotload.api.rollout_deployment import RolloutSpec
+from hotload.api.switch import SwitchDecision
 from hotload.errors import KubeError, KubeNotFound, PublishConflict
 from hotload.kube import kube_errors, sync_api_client
 
@@ -63,6 +67,32 @@ class SnapshotState:
     chain_message: str | None = None
     ready_replicas: int | None = None
     desired_replicas: int | None = None
+    staged_replicas: int | None = None
+    """Coordinated switch: replicas Staged for it or serving it (or newer)."""
+    switch_decision: SwitchDecision | None = None
+    """Coordinated switch: the operator's ``status.switch.decision``."""
+    decided: tuple[str, str] | None = None
+    """The switch decision written on it (annotation, value), if any."""
+
+
+#: The publisher's switch decisions on a PolicySnapshot: one of them, written once.
+DECISION_ANNOTATIONS: Final = (SWITCH_AT_ANNOTATION, SWITCH_ABORTED_ANNOTATION)
+
+
+def written_decision(raw: dict[str, Any]) -> tuple[str, str] | None:
+    """The switch decision on a PolicySnapshot (a commit wins over an abort)."""
+    annotations = (raw.get("metadata") or {}).get("annotations") or {}
+    for key in DECISION_ANNOTATIONS:
+        if isinstance(annotations.get(key), str):
+            return key, str(annotations[key])
+    return None
+
+
+def _decision(status: dict[str, Any]) -> SwitchDecision | None:
+    try:
+        return SwitchDecision(str((status.get("switch") or {}).get("decision")))
+    except ValueError:
+        return None
 
 
 def _truth(condition: cond.Condition | None) -> bool | None:
@@ -88,6 +118,9 @@ def snapshot_state(raw: dict[str, Any] | None) -> SnapshotState:
         chain_message=chain.message if chain else None,
         ready_replicas=status.get("readyReplicas"),
         desired_replicas=status.get("desiredReplicas"),
+        staged_replicas=status.get("stagedReplicas"),
+        switch_decision=_decision(status),
+        decided=written_decision(raw),
     )
 
 
@@ -114,13 +147,51 @@ class RegionClient:
     def _errors(self, **context: Any) -> AbstractContextManager[None]:
         return kube_errors(context_name=self.context, namespace=self.namespace, **context)
 
-    def bucket(self, endpoint_override: str | None = None) -> RegionBucket:
-        """The region's bucket from its RolloutDeployment (KubeNotFound when it has none)."""
+    def _deployment(self) -> dict[str, Any]:
         with self._errors(deployment=self.deployment):
-            raw = cast(dict[str, Any], self._custom().get_namespaced_custom_object(
+            return cast(dict[str, Any], self._custom().get_namespaced_custom_object(
                 GROUP, VERSION, self.namespace, DEPLOYMENTS, self.deployment,
                 _request_timeout=REQUEST_TIMEOUT,
             ))  # fmt: skip
+
+    def rollout(self) -> RolloutSpec:
+        """How the region's deployment switches (``spec.rollout``; KubeNotFound without one)."""
+        return RolloutDeployment.model_validate(self._deployment()).spec.rollout
+
+    def decide_once(self, identity: str, annotation: str, value: str) -> tuple[str, str]:
+        """Write a switch decision on the PolicySnapshot unless one is there already, and
+        return the decision it holds now: written once, by a write conditioned on the
+        version read (a concurrent writer makes it read again). KubeNotFound when the
+        snapshot is not in the region."""
+        while True:
+            raw = self.get_snapshot(identity)
+            if raw is None:
+                raise KubeNotFound(
+                    "the PolicySnapshot is not in the region",
+                    context=self.context,
+                    namespace=self.namespace,
+                    snapshot=identity,
+                )
+            held = written_decision(raw)
+            if held is not None:
+                return held
+            version = (raw.get("metadata") or {}).get("resourceVersion")
+            patch = {"metadata": {"resourceVersion": version, "annotations": {annotation: value}}}
+            try:
+                with self._errors(snapshot=identity):
+                    self._custom().patch_namespaced_custom_object(
+                        GROUP, VERSION, self.namespace, SNAPSHOTS, identity, patch,
+                        _request_timeout=REQUEST_TIMEOUT,
+                    )  # fmt: skip
+            except KubeError as err:
+                if err.status == 409:
+                    continue  # changed since read: read it again
+                raise
+            return annotation, value
+
+    def bucket(self, endpoint_override: str | None = None) -> RegionBucket:
+        """The region's bucket from its RolloutDeployment (KubeNotFound when it has none)."""
+        raw = self._deployment()
         deployment = RolloutDeployment.model_validate(raw)
         hot_load = deployment.spec.hot_load
         annotations = (raw.get("metadata") or {}).get("annotations") or {}

@@ -18,6 +18,7 @@ from typing import Any
 
 from hotload.api import PolicySnapshot
 from hotload.api import reasons as api_reasons
+from hotload.api.switch import SwitchDecision
 from hotload.errors import HotloadError, PublishConflict
 from hotload.publish.observer import Phase, PublishObserver
 from hotload.publish.region_client import RegionBucket, RegionClient, SnapshotState
@@ -148,6 +149,11 @@ class RegionRun:
             self.observer.region_progress(
                 self.context, Phase.ROLLING, last.ready_replicas, last.desired_replicas
             )
+            if last.switch_decision is SwitchDecision.ABORTED:
+                error = "its coordinated switch was aborted: no replica switches to it"
+                return self._result(
+                    RegionOutcome.SWITCH_ABORTED, caught_up, error=error, **base, **counts
+                )
             if last.chain_valid is False:
                 error = f"{last.chain_reason}: {last.chain_message}"
                 return self._result(

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from hotload.api import SnapshotKind
+from hotload.api.switch import SwitchDecision
 
 
 class RegionOutcome(StrEnum):
@@ -32,6 +33,8 @@ class RegionOutcome(StrEnum):
     next publish or ``Publisher.flush``."""
     FAILED = "Failed"
     """Refused for good (e.g. a snapshot of that name with another spec exists)."""
+    SWITCH_ABORTED = "SwitchAborted"
+    """Its coordinated switch was aborted: no replica switches to it."""
 
     @property
     def ok(self) -> bool:
@@ -69,6 +72,28 @@ class RegionResult(ResultModel):
     """What went wrong, when something did."""
 
 
+class SwitchResult(ResultModel):
+    """A coordinated switch (docs/operator.md, "Coordinated switch"), as the publisher
+    decided it."""
+
+    decision: SwitchDecision
+    """Committed or Aborted (the decision written); Staging when the publisher could
+    write it nowhere (the regions presume at ``deadline``)."""
+    at: str | None = None
+    """The committed switch time (RFC 3339 UTC, ms)."""
+    deadline: str
+    """The ``hotload.dev/switch-by`` every region's snapshot carries."""
+    all_staged: bool
+    """Every replica of every coordinated region was Staged when it decided."""
+    staged_seconds: float | None = None
+    """From the start of the publish until every replica was Staged (None: never)."""
+    staged: dict[str, str] = Field(default_factory=dict)
+    """Context → ``staged/desired`` replicas when it decided (``?`` where unknown)."""
+    undelivered: list[str] = Field(default_factory=list)
+    """Contexts that did not take the decision yet: it is queued, written with the next
+    publish or ``Publisher.flush`` (until then the region presumes at the deadline)."""
+
+
 class PublishResult(ResultModel):
     """One snapshot, published: what it is and what every region did with it."""
 
@@ -91,6 +116,8 @@ class PublishResult(ResultModel):
     regions: dict[str, RegionResult]
     fallback: PublishResult | None = None
     """The automatic Full published because a region broke this snapshot's chain."""
+    switch: SwitchResult | None = None
+    """The coordinated switch of this snapshot (None where no region is Coordinated)."""
     skipped_steps: list[int] = Field(default_factory=list)
     """Steps handed to ``publish`` before this one and never published: the publisher was
     behind, so this newer step replaced them (a direct delta from the last snapshot
@@ -106,4 +133,6 @@ class PublishResult(ResultModel):
         """Every region ended Ready, Superseded or Applied (or the fallback Full did)."""
         if self.fallback is not None:
             return self.fallback.ok
+        if self.switch is not None and self.switch.decision is SwitchDecision.ABORTED:
+            return False
         return all(region.outcome.ok for region in self.regions.values())

@@ -54,6 +54,16 @@ class PendingSnapshot(_Model):
     """Already in the bucket this region reads (or the home bucket, with replication)."""
 
 
+class PendingSwitch(_Model):
+    """A coordinated switch decision one region has not got yet (it did not answer)."""
+
+    identity: str
+    annotation: str
+    """``hotload.dev/switch-at`` (a commit) or ``hotload.dev/switch-aborted``."""
+    value: str
+    """RFC 3339 UTC with milliseconds."""
+
+
 class PublisherState(_Model):
     deployment: str
     namespace: str
@@ -62,6 +72,8 @@ class PublisherState(_Model):
     """Identities since (and including) the newest Full."""
     pending: dict[str, list[PendingSnapshot]] = Field(default_factory=dict)
     """Kube context → snapshots still to apply there, oldest first."""
+    switches: dict[str, list[PendingSwitch]] = Field(default_factory=dict)
+    """Kube context → coordinated switch decisions still to write there, oldest first."""
 
     def referenced_encoded(self) -> set[str]:
         return {item.encoded for items in self.pending.values() for item in items}

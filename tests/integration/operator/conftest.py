@@ -97,20 +97,24 @@ class Rollout:
     def apply(self, *documents: dict[str, Any]) -> None:
         self.run("apply", "-f", "-", input=yaml.safe_dump_all(list(documents)))
 
-    def create(self, replicas: int, keep: int = 10) -> None:
+    def create(self, replicas: int, keep: int = 10, rollout: dict[str, Any] | None = None) -> None:
+        """``rollout``: the deployment's ``spec.rollout`` (how it switches)."""
+        spec: dict[str, Any] = {
+            "model": {"name": "tiny", "servedName": "policy"},
+            "engine": {"kind": "noop"},
+            "replicas": replicas,
+            "hotLoad": {"bucketUrl": f"file://{self.chain.bucket_dir}"},
+            "scheduling": {"tolerations": [TOLERATION]},
+            "retention": {"keepSnapshots": keep},
+        }
+        if rollout is not None:
+            spec["rollout"] = rollout
         self.apply(
             {
                 "apiVersion": "hotload.dev/v1alpha1",
                 "kind": "RolloutDeployment",
                 "metadata": {"name": self.name},
-                "spec": {
-                    "model": {"name": "tiny", "servedName": "policy"},
-                    "engine": {"kind": "noop"},
-                    "replicas": replicas,
-                    "hotLoad": {"bucketUrl": f"file://{self.chain.bucket_dir}"},
-                    "scheduling": {"tolerations": [TOLERATION]},
-                    "retention": {"keepSnapshots": keep},
-                },
+                "spec": spec,
             }
         )
 
