@@ -70,6 +70,7 @@ STAGES = {
         ("scan: changes and key histogram (C)", "snapshot.codec.changes", "scan_tensor"),
         ("sparse: planes (C) and zstd frames", "snapshot.codec.sparse", "compress_changes"),
         ("context: model fit", "snapshot.codec.context", "choose_model"),
+        ("context: model fit", "snapshot.codec.context", "fit_changes"),
         ("context: streams (C kernel)", "snapshot.codec.context_kernels", "encode_chunk"),
     ],
 }

@@ -12,6 +12,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1132,6 +1133,113 @@ done:
  * the reference. */
 #define ORDERS_EXACT ((uint64_t)1 << 40)
 
+/* The orders are found in two passes over the changes (magnitude m, class c): orders_see
+ * learns which classes are coded (a magnitude above 1), each class's largest m - 1 and
+ * whether it has a zero magnitude (m - 1 wraps, as the reference's uint64 does: never
+ * exact); orders_add counts each coded class's m - 1, the small ones in a table (their
+ * lengths are summed once per distinct value), the others into the costs at once. The
+ * costs are integer sums, so the order of the additions changes nothing. */
+#define ORDERS_SMALL 64
+
+typedef struct {
+    int classes;
+    int coded[MAX_CLASSES], zero[MAX_CLASSES], top[MAX_CLASSES];
+    uint64_t largest[MAX_CLASSES];
+    uint64_t small[MAX_CLASSES][ORDERS_SMALL]; /* [0]: the magnitudes of 1 */
+    uint64_t cost[MAX_CLASSES][MAX_VALUE_K + 1];
+} Orders;
+
+static void
+orders_init(Orders *o, int classes)
+{
+    memset(o, 0, sizeof *o);
+    o->classes = classes;
+}
+
+INLINE void
+orders_see(Orders *o, uint64_t m, int c)
+{
+    if (m > 1) {
+        o->coded[c] = 1;
+        o->largest[c] = m - 1 > o->largest[c] ? m - 1 : o->largest[c];
+    } else if (m == 0) {
+        o->zero[c] = 1;
+    }
+}
+
+/* 0, or 1 when a coded class has a magnitude too large (or zero) for exact lengths. */
+static int
+orders_tops(Orders *o)
+{
+    for (int c = 0; c < o->classes; c++) {
+        if (o->coded[c] && (o->zero[c] || o->largest[c] >= ORDERS_EXACT))
+            return 1;
+        int bits = o->largest[c] ? 64 - __builtin_clzll(o->largest[c]) : 0;
+        o->top[c] = bits < MAX_VALUE_K ? bits : MAX_VALUE_K;
+    }
+    return 0;
+}
+
+/* Bits of the Exp-Golomb code of order k of value (value + 2^k below 2^63: exact). */
+INLINE uint64_t
+exp_golomb_bits(uint64_t value, int k)
+{
+    return (uint64_t)(2 * (63 - __builtin_clzll(value + ((uint64_t)1 << k))) - k + 1);
+}
+
+INLINE void
+orders_add(Orders *o, uint64_t m, int c)
+{
+    if (!o->coded[c])
+        return;
+    uint64_t above = m - 1;
+    if (above < ORDERS_SMALL) {
+        o->small[c][above]++;
+        return;
+    }
+    for (int k = 0; k <= o->top[c]; k++)
+        o->cost[c][k] += exp_golomb_bits(above, k);
+}
+
+static void
+orders_finish(Orders *o, uint8_t *orders)
+{
+    for (int c = 0; c < o->classes; c++) {
+        orders[c] = UNIT_MAGNITUDES;
+        if (!o->coded[c])
+            continue;
+        int best = 0;
+        for (int k = 0; k <= o->top[c]; k++) {
+            for (uint64_t v = 0; v < ORDERS_SMALL; v++)
+                if (o->small[c][v])
+                    o->cost[c][k] += o->small[c][v] * exp_golomb_bits(v, k);
+            if (o->cost[c][k] < o->cost[c][best])
+                best = k;
+        }
+        orders[c] = (uint8_t)best;
+    }
+}
+
+/* Each class's order into orders[classes]: 0, 1 when a magnitude is too large for exact
+ * integer lengths, -1 for a class outside 0..classes-1. */
+static int
+orders_of(const uint64_t *m, const int64_t *cls, Py_ssize_t n, int classes, uint8_t *orders)
+{
+    Orders o;
+    orders_init(&o, classes);
+    for (Py_ssize_t t = 0; t < n; t++) {
+        if (cls[t] < 0 || cls[t] >= classes)
+            return -1;
+        orders_see(&o, m[t], (int)cls[t]);
+    }
+    if (orders_tops(&o))
+        return 1;
+    for (Py_ssize_t t = 0; t < n; t++)
+        orders_add(&o, m[t], (int)cls[t]);
+    orders_finish(&o, orders);
+    return 0;
+}
+
 static PyObject *
 value_orders(PyObject *self, PyObject *args)
 {
@@ -1146,65 +1254,14 @@ value_orders(PyObject *self, PyObject *args)
         fail("value_orders: magnitudes and classes disagree");
         goto done;
     }
-    const uint64_t *m = magnitudes.buf;
-    const int64_t *cls = change_class.buf;
-    int coded[MAX_CLASSES] = {0}, exact = 1, bad = 0;
-    uint64_t largest[MAX_CLASSES] = {0}, ones[MAX_CLASSES] = {0};
-    uint64_t cost[MAX_CLASSES][MAX_VALUE_K + 1];
-    int top[MAX_CLASSES];
     uint8_t orders[MAX_CLASSES];
+    int found;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t t = 0; t < n; t++) {
-        if (cls[t] < 0 || cls[t] >= classes) {
-            bad = 1;
-            break;
-        }
-        if (m[t] > 1)
-            coded[cls[t]] = 1;
-    }
-    for (Py_ssize_t t = 0; t < n && !bad; t++) {
-        int c = (int)cls[t];
-        uint64_t above = m[t] - 1; /* wraps for 0, as the reference's uint64 does */
-        if (!coded[c])
-            continue;
-        if (above >= ORDERS_EXACT)
-            exact = 0;
-        largest[c] = above > largest[c] ? above : largest[c];
-    }
-    for (int c = 0; c < classes; c++) {
-        int bits = largest[c] ? 64 - __builtin_clzll(largest[c]) : 0;
-        top[c] = bits < MAX_VALUE_K ? bits : MAX_VALUE_K;
-        for (int k = 0; k <= MAX_VALUE_K; k++)
-            cost[c][k] = 0;
-    }
-    for (Py_ssize_t t = 0; t < n && exact && !bad; t++) {
-        int c = (int)cls[t];
-        uint64_t above = m[t] - 1;
-        if (!coded[c])
-            continue;
-        if (above == 0) {
-            ones[c]++; /* k + 1 bits at order k */
-            continue;
-        }
-        for (int k = 0; k <= top[c]; k++)
-            cost[c][k] += (uint64_t)(2 * (63 - __builtin_clzll(above + ((uint64_t)1 << k))) - k + 1);
-    }
-    for (int c = 0; c < classes; c++) {
-        orders[c] = UNIT_MAGNITUDES;
-        if (!coded[c])
-            continue;
-        int best = 0;
-        for (int k = 0; k <= top[c]; k++) {
-            cost[c][k] += ones[c] * (uint64_t)(k + 1);
-            if (cost[c][k] < cost[c][best])
-                best = k;
-        }
-        orders[c] = (uint8_t)best;
-    }
+    found = orders_of(magnitudes.buf, change_class.buf, n, classes, orders);
     Py_END_ALLOW_THREADS
-    if (bad)
+    if (found < 0)
         fail("value_orders: a class outside 0..classes-1");
-    else if (!exact)
+    else if (found > 0)
         result = Py_NewRef(Py_None);
     else
         result = PyBytes_FromStringAndSize((const char *)orders, classes);
@@ -1245,21 +1302,11 @@ model_counts(Py_buffer *per_key, Py_buffer *changed, int classes, Py_ssize_t *si
     return 0;
 }
 
+/* model_prepare's work for size keys' counts (nk: elements, ck: changes) and k classes:
+ * (first, count, rows), or NULL with an exception set. */
 static PyObject *
-model_prepare(PyObject *self, PyObject *args)
+prepare_rows(const int64_t *nk, const int64_t *ck, Py_ssize_t size, int k)
 {
-    Py_buffer per_key, changed;
-    int classes;
-    if (!PyArg_ParseTuple(args, "y*y*i", &per_key, &changed, &classes))
-        return NULL;
-    PyObject *result = NULL;
-    Py_ssize_t size;
-    int k;
-    if (model_counts(&per_key, &changed, classes, &size, &k) < 0) {
-        fail("model_prepare: counts and classes disagree");
-        goto done;
-    }
-    const int64_t *nk = per_key.buf, *ck = changed.buf;
     Py_ssize_t first = -1, last = -1;
     for (Py_ssize_t i = 0; i < size; i++)
         if (ck[i]) {
@@ -1267,17 +1314,15 @@ model_prepare(PyObject *self, PyObject *args)
                 first = i;
             last = i;
         }
-    if (first < 0) {
-        fail("model_prepare: no key has a change");
-        goto done;
-    }
+    if (first < 0)
+        return fail("model_prepare: no key has a change");
     Py_ssize_t lo0 = first > 0 ? first - 1 : 0;
     Py_ssize_t hi = last - k + 4 > first ? last - k + 4 : first;
     hi = hi < size ? hi : size;
     Py_ssize_t count = hi - lo0 + 1, m = size + 2 * count;
     PyObject *rows = PyBytes_FromStringAndSize(NULL, 4 * m * (Py_ssize_t)sizeof(double));
     if (rows == NULL)
-        goto done;
+        return NULL;
     double *p = (double *)PyBytes_AS_STRING(rows), *a = p + m, *b = a + m, *nn = b + m;
     int64_t c_total = 0, n_total = 0;
     for (Py_ssize_t i = 0; i < size; i++) {
@@ -1314,39 +1359,39 @@ model_prepare(PyObject *self, PyObject *args)
         a[i] = q > 0 ? q : 1.0;
         b[i] = q < 1 ? 1 - q : 1.0;
     }
-    result = Py_BuildValue("nnN", lo0, count, rows);
-done:
+    return Py_BuildValue("nnN", lo0, count, rows);
+}
+
+static PyObject *
+model_prepare(PyObject *self, PyObject *args)
+{
+    Py_buffer per_key, changed;
+    int classes;
+    if (!PyArg_ParseTuple(args, "y*y*i", &per_key, &changed, &classes))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t size;
+    int k;
+    if (model_counts(&per_key, &changed, classes, &size, &k) < 0)
+        fail("model_prepare: counts and classes disagree");
+    else
+        result = prepare_rows(per_key.buf, changed.buf, size, k);
     PyBuffer_Release(&per_key);
     PyBuffer_Release(&changed);
     return result;
 }
 
-static PyObject *
-model_finish(PyObject *self, PyObject *args)
+/* model_finish's work: the window's lo and its k classes' elements and changes, from the
+ * rows model_prepare made and the log2 of their rows a and b; -1 out of memory. */
+static int
+finish_window(const double *p, const double *la, Py_ssize_t m, const int64_t *nk,
+              const int64_t *ck, Py_ssize_t size, Py_ssize_t first, Py_ssize_t count, int k,
+              Py_ssize_t *lo_out, long long *elements, long long *changes)
 {
-    Py_buffer rows, logs, per_key, changed;
-    Py_ssize_t first, count;
-    int classes;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*nni", &rows, &logs, &per_key, &changed, &first, &count,
-                          &classes))
-        return NULL;
-    PyObject *result = NULL;
-    double *bits = NULL;
-    Py_ssize_t size;
-    int k;
-    if (model_counts(&per_key, &changed, classes, &size, &k) < 0 || count < 1 || first < 0 ||
-        first + count - 1 > size || rows.len != 4 * (size + 2 * count) * (Py_ssize_t)sizeof(double) ||
-        logs.len != 2 * (size + 2 * count) * (Py_ssize_t)sizeof(double)) {
-        fail("model_finish: rows, logs and counts disagree");
-        goto done;
-    }
-    Py_ssize_t m = size + 2 * count;
-    const double *p = rows.buf, *nn = p + 3 * m, *la = logs.buf, *lb = la + m;
-    bits = PyMem_Malloc(sizeof(double) * (size_t)(m + size + 1));
-    if (bits == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
+    const double *nn = p + 3 * m, *lb = la + m;
+    double *bits = PyMem_RawMalloc(sizeof(double) * (size_t)(m + size + 1));
+    if (bits == NULL)
+        return -1;
     double *h = bits + m;
     for (Py_ssize_t i = 0; i < m; i++) {
         double t1 = p[i] * la[i];
@@ -1372,34 +1417,346 @@ model_finish(PyObject *self, PyObject *args)
             best_cost = cost;
         }
     }
+    PyMem_RawFree(bits);
     Py_ssize_t lo = first + best;
-    const int64_t *nk = per_key.buf, *ck = changed.buf;
-    long long elements[MAX_CLASSES] = {0}, changes[MAX_CLASSES] = {0};
+    for (int j = 0; j < k; j++)
+        elements[j] = changes[j] = 0;
     for (Py_ssize_t key = 0; key < size; key++) {
         Py_ssize_t c = key - lo + 1;
         c = c < 0 ? 0 : (c > k - 1 ? k - 1 : c);
         elements[c] += nk[key];
         changes[c] += ck[key];
     }
-    PyObject *e = PyTuple_New(k), *c = PyTuple_New(k);
+    *lo_out = lo;
+    return 0;
+}
+
+/* A tuple of k ints: signed_items' if not NULL, else unsigned_items'; NULL with an
+ * exception set. */
+static PyObject *
+tuple_of_longs(const long long *signed_items, const uint64_t *unsigned_items, int k)
+{
+    PyObject *tuple = PyTuple_New(k);
+    for (int j = 0; tuple != NULL && j < k; j++) {
+        PyObject *item = signed_items != NULL ? PyLong_FromLongLong(signed_items[j])
+                                              : PyLong_FromUnsignedLongLong(unsigned_items[j]);
+        if (item == NULL)
+            Py_CLEAR(tuple); /* and the items set before */
+        else
+            PyTuple_SET_ITEM(tuple, j, item);
+    }
+    return tuple;
+}
+
+/* Whether rows and logs have the sizes model_prepare gave them for these counts. */
+static int
+window_fits(Py_buffer *rows, Py_buffer *logs, Py_ssize_t size, Py_ssize_t first,
+            Py_ssize_t count)
+{
+    return count >= 1 && first >= 0 && first + count - 1 <= size &&
+           rows->len == 4 * (size + 2 * count) * (Py_ssize_t)sizeof(double) &&
+           logs->len == 2 * (size + 2 * count) * (Py_ssize_t)sizeof(double);
+}
+
+static PyObject *
+model_finish(PyObject *self, PyObject *args)
+{
+    Py_buffer rows, logs, per_key, changed;
+    Py_ssize_t first, count;
+    int classes;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*nni", &rows, &logs, &per_key, &changed, &first, &count,
+                          &classes))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t size, lo;
+    int k;
+    long long elements[MAX_CLASSES], changes[MAX_CLASSES];
+    if (model_counts(&per_key, &changed, classes, &size, &k) < 0 ||
+        !window_fits(&rows, &logs, size, first, count)) {
+        fail("model_finish: rows, logs and counts disagree");
+        goto done;
+    }
+    if (finish_window(rows.buf, logs.buf, size + 2 * count, per_key.buf, changed.buf, size,
+                      first, count, k, &lo, elements, changes) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    PyObject *e = tuple_of_longs(elements, NULL, k), *c = tuple_of_longs(changes, NULL, k);
     if (e == NULL || c == NULL) {
         Py_XDECREF(e);
         Py_XDECREF(c);
         goto done;
     }
-    for (int j = 0; j < k; j++) {
-        PyTuple_SET_ITEM(e, j, PyLong_FromLongLong(elements[j]));
-        PyTuple_SET_ITEM(c, j, PyLong_FromLongLong(changes[j]));
-    }
     result = Py_BuildValue("nNN", lo, e, c);
 done:
-    PyMem_Free(bits);
     PyBuffer_Release(&rows);
     PyBuffer_Release(&logs);
     PyBuffer_Release(&per_key);
     PyBuffer_Release(&changed);
     return result;
 }
+
+/* ---- a model fitted from a tensor's changes ------------------------------------------
+ *
+ * context.encode_changes fits each candidate model from what the scan found per chunk:
+ * its changes' zigzag differences and previous keys (scan_chunk's keys_out).
+ * context_model.choose_model takes arrays numpy makes of them (each change's class and
+ * magnitude; each key's changes) and fits in a few dozen calls; these two do the same
+ * arithmetic in two calls around numpy's log2, making no array in between:
+ *
+ * fit_prepare(keys, per_key, classes) -> (changed, first, count, rows): each key's changes
+ *   (int64 bytes) counted from the chunks' keys (a sequence of u16 buffers), and
+ *   model_prepare of them.
+ * fit_finish(values, width, keys, elements, window) -> (lo, golomb, value_k) | None: the
+ *   model of the chunks' changes (values: a sequence of buffers of zigzag differences);
+ *   keys and window None for one class without a key, else the chunks' keys and (rows,
+ *   logs, per_key, changed, first, count, classes), logs numpy's log2 of rows a and b.
+ *   Golomb parameters as golomb_parameter computes them (the same libm log and log1p as
+ *   Python's math module), orders as value_orders; None where value_orders gives None (a
+ *   magnitude too large for exact integer lengths). */
+#define MAX_GOLOMB ((uint64_t)1 << 32)
+
+typedef struct {
+    Py_buffer *parts;
+    Py_ssize_t count, items;
+} Buffers;
+
+static void
+buffers_release(Buffers *b)
+{
+    for (Py_ssize_t i = 0; i < b->count; i++)
+        PyBuffer_Release(&b->parts[i]);
+    PyMem_Free(b->parts);
+    b->parts = NULL;
+    b->count = b->items = 0;
+}
+
+/* Every buffer of a sequence, whose lengths must be multiples of item bytes; -1 with an
+ * exception set. */
+static int
+buffers_get(Buffers *b, PyObject *sequence, int item)
+{
+    b->parts = NULL;
+    b->count = b->items = 0;
+    PyObject *items = PySequence_Fast(sequence, "fit: a sequence of buffers is needed");
+    if (items == NULL)
+        return -1;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(items);
+    b->parts = PyMem_Calloc((size_t)count + 1, sizeof(Py_buffer));
+    if (b->parts == NULL) {
+        Py_DECREF(items);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(items, i), &b->parts[i],
+                               PyBUF_SIMPLE) < 0)
+            break;
+        b->count = i + 1;
+        b->items += b->parts[i].len / item;
+        if (b->parts[i].len % item) {
+            fail("fit: a buffer's length is not a whole number of items");
+            break;
+        }
+    }
+    Py_DECREF(items);
+    if (b->count == count && !PyErr_Occurred())
+        return 0;
+    buffers_release(b);
+    return -1;
+}
+
+/* Whether every key lies below size; each key's changes counted into ck (size entries)
+ * when ck is not NULL. Called with the GIL; releases it for the pass over the keys. */
+static int
+keys_inside(const Buffers *keys, Py_ssize_t size, int64_t *ck)
+{
+    int inside = 1;
+    Py_BEGIN_ALLOW_THREADS
+    if (ck != NULL)
+        memset(ck, 0, sizeof(int64_t) * (size_t)size);
+    for (Py_ssize_t i = 0; inside && i < keys->count; i++) {
+        const uint16_t *k = keys->parts[i].buf;
+        for (Py_ssize_t t = 0; t < keys->parts[i].len / 2; t++) {
+            if (k[t] >= size) {
+                inside = 0;
+                break;
+            }
+            if (ck != NULL)
+                ck[k[t]]++;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    return inside;
+}
+
+static PyObject *
+fit_prepare(PyObject *self, PyObject *args)
+{
+    Py_buffer per_key;
+    int classes;
+    PyObject *key_parts, *result = NULL, *changed = NULL;
+    Buffers keys = {0};
+    if (!PyArg_ParseTuple(args, "Oy*i", &key_parts, &per_key, &classes))
+        return NULL;
+    if (buffers_get(&keys, key_parts, 2) < 0)
+        goto done;
+    Py_ssize_t size = per_key.len / 8;
+    if (per_key.len % 8 || size < 1 || size > (1 << MAX_KEY_BITS) || (size & (size - 1)) ||
+        classes < 2 || classes > MAX_CLASSES) {
+        fail("fit_prepare: keys, counts and classes disagree");
+        goto done;
+    }
+    changed = PyBytes_FromStringAndSize(NULL, 8 * size);
+    if (changed == NULL)
+        goto done;
+    if (!keys_inside(&keys, size, (int64_t *)PyBytes_AS_STRING(changed))) {
+        fail("fit_prepare: keys, counts and classes disagree");
+        goto done;
+    }
+    int k = classes < size + 2 ? classes : (int)(size + 2);
+    const int64_t *ck = (const int64_t *)PyBytes_AS_STRING(changed);
+    PyObject *window = prepare_rows(per_key.buf, ck, size, k);
+    if (window != NULL) {
+        result = PyTuple_Pack(4, changed, PyTuple_GET_ITEM(window, 0),
+                              PyTuple_GET_ITEM(window, 1), PyTuple_GET_ITEM(window, 2));
+        Py_DECREF(window);
+    }
+done:
+    Py_XDECREF(changed);
+    buffers_release(&keys);
+    PyBuffer_Release(&per_key);
+    return result;
+}
+
+/* context_model.golomb_parameter, the same float operations on the same libm. */
+static uint64_t
+golomb_fit(long long changes, long long elements)
+{
+    if (elements <= 0)
+        return 1;
+    if (changes <= 0)
+        return (uint64_t)elements < MAX_GOLOMB ? (uint64_t)elements : MAX_GOLOMB;
+    double p = (double)changes / (double)(elements + 1);
+    if (p > 0.999999)
+        p = 0.999999;
+    double m = ceil(log(2 - p) / -log1p(-p));
+    if (!(m < (double)MAX_GOLOMB))
+        return MAX_GOLOMB;
+    return m < 1 ? 1 : (uint64_t)m;
+}
+
+static PyObject *
+fit_finish(PyObject *self, PyObject *args)
+{
+    Py_buffer window_buffers[4] = {{0}};
+    int have_window = 0, width;
+    long long elements_total;
+    PyObject *value_parts, *key_parts, *window, *result = NULL;
+    Buffers values = {0}, keys = {0};
+    if (!PyArg_ParseTuple(args, "OiOLO", &value_parts, &width, &key_parts, &elements_total,
+                          &window))
+        return NULL;
+    if (width != 1 && width != 2 && width != 4 && width != 8) {
+        fail("fit_finish: words out of range");
+        goto done;
+    }
+    if (buffers_get(&values, value_parts, width) < 0)
+        goto done;
+    long long elements[MAX_CLASSES], changes[MAX_CLASSES];
+    Py_ssize_t lo = 0;
+    int k = 1;
+    uint8_t table[1 << MAX_KEY_BITS];
+    if (window == Py_None) {
+        elements[0] = elements_total;
+        changes[0] = values.items;
+    } else {
+        Py_ssize_t first, count, size;
+        int classes;
+        Py_buffer *rows = &window_buffers[0], *logs = &window_buffers[1];
+        Py_buffer *per_key = &window_buffers[2], *changed = &window_buffers[3];
+        if (!PyTuple_Check(window)) {
+            fail("fit_finish: the window is a tuple or None");
+            goto done;
+        }
+        if (!PyArg_ParseTuple(window, "y*y*y*y*nni", rows, logs, per_key, changed, &first,
+                              &count, &classes))
+            goto done;
+        have_window = 1;
+        if (buffers_get(&keys, key_parts, 2) < 0)
+            goto done;
+        int agree = model_counts(per_key, changed, classes, &size, &k) == 0 &&
+                    window_fits(rows, logs, size, first, count) && keys.count == values.count;
+        for (Py_ssize_t i = 0; agree && i < keys.count; i++)
+            agree = keys.parts[i].len / 2 == values.parts[i].len / width;
+        if (!agree || !keys_inside(&keys, size, NULL)) {
+            fail("fit_finish: keys, values, rows, logs and counts disagree");
+            goto done;
+        }
+        if (finish_window(rows->buf, logs->buf, size + 2 * count, per_key->buf, changed->buf,
+                          size, first, count, k, &lo, elements, changes) < 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (Py_ssize_t key = 0; key < size; key++) {
+            Py_ssize_t c = key - lo + 1;
+            table[key] = (uint8_t)(c < 0 ? 0 : (c > k - 1 ? k - 1 : c));
+        }
+    }
+    uint8_t orders[MAX_CLASSES];
+    int found;
+    Orders *o = PyMem_Malloc(sizeof(Orders));
+    if (o == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    orders_init(o, k);
+    Py_BEGIN_ALLOW_THREADS
+#define EACH_CHANGE(DO)                                                                   \
+    for (Py_ssize_t i = 0; i < values.count; i++) {                                       \
+        const uint8_t *v = values.parts[i].buf;                                           \
+        const uint16_t *key = have_window ? keys.parts[i].buf : NULL;                     \
+        for (Py_ssize_t j = 0; j < values.parts[i].len / width; j++) {                    \
+            uint64_t z = word_at(v, width, j);                                            \
+            DO(o, (z >> 1) + (z & 1), key ? table[key[j]] : 0);                           \
+        }                                                                                 \
+    }
+    EACH_CHANGE(orders_see);
+    found = orders_tops(o);
+    if (!found) {
+        EACH_CHANGE(orders_add);
+        orders_finish(o, orders);
+    }
+#undef EACH_CHANGE
+    Py_END_ALLOW_THREADS
+    PyMem_Free(o);
+    if (found) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    uint64_t parameters[MAX_CLASSES];
+    long long order_of[MAX_CLASSES];
+    for (int c = 0; c < k; c++) {
+        parameters[c] = golomb_fit(changes[c], elements[c]);
+        order_of[c] = orders[c];
+    }
+    PyObject *golomb = tuple_of_longs(NULL, parameters, k);
+    PyObject *value_k = tuple_of_longs(order_of, NULL, k);
+    if (golomb == NULL || value_k == NULL) {
+        Py_XDECREF(golomb);
+        Py_XDECREF(value_k);
+        goto done;
+    }
+    result = Py_BuildValue("nNN", lo, golomb, value_k);
+done:
+    buffers_release(&values);
+    buffers_release(&keys);
+    if (have_window)
+        for (int i = 0; i < 4; i++)
+            PyBuffer_Release(&window_buffers[i]);
+    return result;
+}
+#undef MAX_GOLOMB
 
 /* ---- a sparse chunk's planes ----------------------------------------------------------
  *
@@ -1527,6 +1884,8 @@ done:
             uint64_t neg_ = (d_ >> (bits - 1)) & 1;                                       \
             pos_out[count] = (uint32_t)(I);                                               \
             store_word(val_out, width, count, ((d_ << 1) ^ (0 - neg_)) & wmask);          \
+            if (keys_out != NULL)                                                         \
+                keys_out[count] = (uint16_t)(((uint64_t)(OLD) >> shift) & mask);          \
         }                                                                                 \
         count++;                                                                          \
     } while (0)
@@ -1549,6 +1908,7 @@ typedef struct {
     int collect;
     uint32_t *pos_out;
     uint8_t *val_out;
+    uint16_t *keys_out; /* each change's previous key, or NULL */
     Py_ssize_t count;
     int base;            /* the window's first key */
     uint64_t window[16]; /* its keys' counts, outside `sub` */
@@ -1561,6 +1921,8 @@ typedef struct {
             uint16_t zig_ = (uint16_t)((uint16_t)(d_ << 1) ^ (uint16_t)(0 - (d_ >> 15)));  \
             s->pos_out[count] = (uint32_t)(I);                                            \
             memcpy(s->val_out + 2 * count, &zig_, 2);                                     \
+            if (s->keys_out != NULL)                                                      \
+                s->keys_out[count] = (uint16_t)((b[I] >> shift) & mask);                  \
         }                                                                                 \
         count++;                                                                          \
     } while (0)
@@ -1652,10 +2014,10 @@ scan16_simd(Scan16 *s)
 static PyObject *
 scan_chunk(PyObject *self, PyObject *args)
 {
-    Py_buffer new_buf, old_buf, positions, values, hist;
+    Py_buffer new_buf, old_buf, positions, values, hist, keys = {0};
     int width, shift, key_bits, want_simd = 1;
-    if (!PyArg_ParseTuple(args, "y*y*iiiw*w*w*|p", &new_buf, &old_buf, &width, &shift,
-                          &key_bits, &positions, &values, &hist, &want_simd))
+    if (!PyArg_ParseTuple(args, "y*y*iiiw*w*w*|pw*", &new_buf, &old_buf, &width, &shift,
+                          &key_bits, &positions, &values, &hist, &want_simd, &keys))
         return NULL;
     const char *error = NULL;
     Py_ssize_t count = 0;
@@ -1670,7 +2032,8 @@ scan_chunk(PyObject *self, PyObject *args)
         error = "scan_chunk: key outside the word";
     } else if (!((positions.len == 0 && values.len == 0) ||
                  (positions.len == 4 * n && values.len == (Py_ssize_t)width * n)) ||
-               (hist.len != 0 && hist.len != 8 * size)) {
+               (hist.len != 0 && hist.len != 8 * size) ||
+               (keys.len != 0 && (keys.len != 2 * n || positions.len == 0))) {
         error = "scan_chunk: output buffers disagree with the chunk";
     } else if (hist.len && (sub = PyMem_Calloc(4 * (size_t)size, sizeof(uint32_t))) == NULL) {
         PyErr_NoMemory();
@@ -1679,6 +2042,7 @@ scan_chunk(PyObject *self, PyObject *args)
         const uint8_t *new_words = new_buf.buf, *old_words = old_buf.buf;
         uint32_t *pos_out = positions.buf;
         uint8_t *val_out = values.buf;
+        uint16_t *keys_out = keys.len ? keys.buf : NULL;
         int collect = positions.len != 0, bits = 8 * width;
         uint64_t wmask = width == 8 ? ~(uint64_t)0 : (((uint64_t)1 << bits) - 1);
         uint64_t mask = (uint64_t)size - 1;
@@ -1688,7 +2052,7 @@ scan_chunk(PyObject *self, PyObject *args)
 #ifdef HAVE_SIMD
         if (want_simd && simd_usable && width == 2 && sub != NULL && size >= 16 && size <= 256) {
             Scan16 scan = {(const uint16_t *)new_words, (const uint16_t *)old_words, n, shift,
-                           mask, size, sub, collect, pos_out, val_out, 0, 0, {0}};
+                           mask, size, sub, collect, pos_out, val_out, keys_out, 0, 0, {0}};
             scan16_simd(&scan);
             count = scan.count;
             base = scan.base;
@@ -1728,6 +2092,7 @@ done:
     PyBuffer_Release(&positions);
     PyBuffer_Release(&values);
     PyBuffer_Release(&hist);
+    PyBuffer_Release(&keys);
     if (error)
         return fail(error);
     if (PyErr_Occurred())
@@ -1824,15 +2189,24 @@ static PyMethodDef methods[] = {
     {"model_finish", model_finish, METH_VARARGS,
      "model_finish(rows, logs, per_key, changed, first, count, classes) -> (lo, elements, "
      "changes): the cheapest window from log2 of rows a and b, and its classes' counts."},
+    {"fit_prepare", fit_prepare, METH_VARARGS,
+     "fit_prepare(keys, per_key_i64, classes) -> (changed, first, count, rows): each key's "
+     "changes counted from the chunks' keys (u16 buffers), and model_prepare of them."},
+    {"fit_finish", fit_finish, METH_VARARGS,
+     "fit_finish(values, width, keys, elements, window) -> (lo, golomb, value_k) | None: "
+     "the context model of the chunks' changes (zigzag differences); keys and window None "
+     "(one class, no key) or the chunks' keys and (rows, logs, per_key, changed, first, "
+     "count, classes). None when a magnitude is too large for exact orders."},
     {"sparse_planes", sparse_planes, METH_VARARGS,
      "sparse_planes(positions_u32, values, width) -> (gap_planes, planes): a sparse chunk's "
      "byte planes, None for an all-zero one."},
     {"scan_chunk", scan_chunk, METH_VARARGS,
      "scan_chunk(new, old, width, shift, key_bits, positions_out, values_out, hist_out, "
-     "simd=True) -> changes: the words that differ; their positions (u32) and zigzag "
-     "differences into the outputs (the chunk's length each, or both empty to count only); "
-     "hist_out (int64, 2**key_bits, or empty) the previous words' keys counted. simd=False "
-     "forces the portable loop (the same results; tests run both)."},
+     "simd=True, keys_out=None) -> changes: the words that differ; their positions (u32) "
+     "and zigzag differences into the outputs (the chunk's length each, or both empty to "
+     "count only); hist_out (int64, 2**key_bits, or empty) the previous words' keys "
+     "counted; keys_out (u16, the chunk's length, with positions) each change's previous "
+     "key. simd=False forces the portable loop (the same results; tests run both)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,3 +1,5 @@
+from collections.abc import Sequence
+
 from typing_extensions import Buffer
 
 def decode_chunk(
@@ -36,6 +38,7 @@ def scan_chunk(
     values_out: Buffer,
     hist_out: Buffer,
     simd: bool = True,
+    keys_out: Buffer = ...,
 ) -> int: ...
 def apply_changes(
     words: Buffer, width: int, positions: Buffer, position_width: int, zig: Buffer
@@ -54,6 +57,16 @@ def model_finish(
     count: int,
     classes: int,
 ) -> tuple[int, tuple[int, ...], tuple[int, ...]]: ...
+def fit_prepare(
+    keys: Sequence[Buffer], per_key: Buffer, classes: int
+) -> tuple[bytes, int, int, bytes]: ...
+def fit_finish(
+    values: Sequence[Buffer],
+    width: int,
+    keys: Sequence[Buffer] | None,
+    elements: int,
+    window: tuple[bytes, Buffer, Buffer, bytes, int, int, int] | None,
+) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None: ...
 def sparse_planes(
     positions: Buffer, values: Buffer, width: int
 ) -> tuple[int, list[bytes | None]]: ...

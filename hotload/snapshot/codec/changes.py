@@ -44,6 +44,9 @@ class ChunkChanges:
     """Their zigzag differences (words of the tensor's width)."""
     key_counts: np.ndarray | None
     """int64 count of the previous words per key; None when no key was asked for."""
+    keys: np.ndarray | None = None
+    """Each change's previous key (uint16, beside ``positions``) when the changes were
+    collected and keys counted; else None."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,7 @@ def scan_chunk(
         positions = np.empty(length if collect else 0, dtype=np.uint32)
         values = np.empty(length if collect else 0, dtype=new.dtype)
         counts = np.zeros(1 << key_bits if count_keys else 0, dtype=np.int64)
+        keys = np.empty(length if collect and count_keys else 0, dtype=np.uint16)
         found = _context.scan_chunk(
             new.data,
             old.data,
@@ -145,6 +149,7 @@ def scan_chunk(
             values.data,
             counts.data,
             simd,
+            keys.data,
         )
         return ChunkChanges(
             start,
@@ -154,6 +159,7 @@ def scan_chunk(
             positions[:found].copy(),
             values[:found].copy(),
             counts if count_keys else None,
+            keys[:found].copy() if collect and count_keys else None,
         )
     where = np.flatnonzero(new != old) if collect else np.zeros(0, dtype=np.int64)
     return ChunkChanges(
@@ -165,6 +171,9 @@ def scan_chunk(
         zigzag_diff(new[where], old[where]),
         np.bincount(keys_of(old, key_shift, key_bits), minlength=1 << key_bits).astype(np.int64)
         if count_keys
+        else None,
+        keys_of(old[where], key_shift, key_bits).astype(np.uint16)
+        if collect and count_keys
         else None,
     )
 

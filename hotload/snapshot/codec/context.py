@@ -33,6 +33,7 @@ from hotload.snapshot.codec.context_model import (
     EXPONENT_KEYS,
     ContextModel,
     choose_model,
+    fit_changes,
     read_model,
     write_model,
 )
@@ -170,8 +171,18 @@ def encode_changes(
     (every chunk's changes collected; the key counts of ``dtype``'s key when
     ``classes`` > 1)."""
     key_shift, key_bits = key_of(dtype) if classes > 1 else (0, 0)
-    model = _fit(
-        found.key_counts() if key_bits else None,
+    per_key = found.key_counts() if key_bits else None
+    changed = [c for c in found.chunks if c.count]
+    model = fit_changes(
+        [c.values for c in changed],
+        [c.keys for c in changed],
+        per_key,
+        len(previous),
+        key_shift=key_shift,
+        key_bits=key_bits,
+        classes=classes,
+    ) or _fit(
+        per_key,
         len(previous),
         found.previous_keys(previous, key_shift, key_bits) if key_bits else None,
         found.magnitudes(previous.dtype),

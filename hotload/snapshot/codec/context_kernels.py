@@ -28,6 +28,8 @@ ENTRY_POINTS: Final = (
     "value_orders",
     "model_prepare",
     "model_finish",
+    "fit_prepare",
+    "fit_finish",
     "sparse_planes",
 )
 

@@ -247,6 +247,46 @@ def choose_model(
     )
 
 
+def fit_changes(
+    values: Sequence[np.ndarray],
+    keys: Sequence[np.ndarray | None],
+    per_key: np.ndarray | None,
+    elements: int,
+    *,
+    key_shift: int,
+    key_bits: int,
+    classes: int,
+) -> ContextModel | None:
+    """:func:`choose_model`'s model, natively, from what the scan found per chunk: its
+    changes' zigzag differences (``values``: words) and previous keys (``keys``: uint16),
+    without the arrays :func:`choose_model` takes (each change's class and magnitude are
+    read where they lie). None when the native kernels are not built, a chunk's keys are
+    missing, or a magnitude is too large for exact integer code lengths: the caller fits
+    with :func:`choose_model` then."""
+    if not hasattr(_context, "fit_finish") or not values:  # built, and from this source
+        return None
+    width = values[0].dtype.itemsize
+    words = [v.data for v in values]
+    if classes <= 1 or key_bits == 0 or per_key is None:
+        fitted = _context.fit_finish(words, width, None, elements, None)
+        key_shift = key_bits = 0
+    else:
+        present = [k.data for k in keys if k is not None]
+        if len(present) != len(keys):
+            return None
+        size = 1 << key_bits
+        counts = np.ascontiguousarray(per_key[:size], dtype=np.int64)
+        classes = min(classes, MAX_CLASSES)
+        changed, first, count, rows = _context.fit_prepare(present, counts.data, classes)
+        logs = np.log2(np.frombuffer(rows, dtype=np.float64).reshape(4, -1)[1:3])
+        window = (rows, logs.data, counts.data, changed, first, count, min(classes, size + 2))
+        fitted = _context.fit_finish(words, width, present, elements, window)
+    if fitted is None:
+        return None
+    lo, golomb, value_k = fitted
+    return ContextModel(key_shift, key_bits, lo, golomb, value_k)
+
+
 Window = tuple[int, Sequence[int], Sequence[int]]
 
 

@@ -31,6 +31,7 @@ from hotload.snapshot.codec import changes, context_kernels, sparse
 from hotload.snapshot.codec.context_model import (
     EXPONENT_KEYS,
     choose_model,
+    fit_changes,
     value_orders,
 )
 from hotload.snapshot.codec.tensor_codec import encode_tensor
@@ -348,6 +349,101 @@ def test_the_model_fit_matches_the_frozen_fit(
             per_key, len(keys), changed_keys, magnitudes, **arguments, native=native
         )
         assert found == expected, native
+
+
+@pytest.mark.skipif(not context_kernels.NATIVE, reason="the native kernels are not built")
+@settings(max_examples=100, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    width=st.sampled_from([1, 2, 4, 8]),
+    key_bits=st.sampled_from([0, 1, 4, 5, 8, 11]),
+    spread=st.integers(1, 40),
+    classes=st.sampled_from([1, 2, 3, 8]),
+    chunks=st.lists(st.integers(0, 700), min_size=1, max_size=5),
+    kind=st.sampled_from(["ulp", "geometric", "wide", "huge"]),
+)
+def test_the_native_fit_from_the_chunks_matches_the_fit_from_arrays(
+    seed: int,
+    width: int,
+    key_bits: int,
+    spread: int,
+    classes: int,
+    chunks: list[int],
+    kind: str,
+) -> None:
+    """``fit_changes`` (what the scan found per chunk, fitted in C) against ``choose_model``
+    on the concatenated arrays: the same model, or None where a magnitude is too large for
+    exact lengths (8-byte words' largest), when the caller fits with choose_model."""
+    rng = np.random.default_rng(seed)
+    word = np.dtype(f"u{width}")
+    size = 1 << key_bits
+    elements = 60_000
+    centre = int(rng.integers(0, size))
+    keys = np.clip(centre + rng.integers(-spread, spread + 1, elements), 0, size - 1)
+    per_key = np.bincount(keys, minlength=size).astype(np.int64) if key_bits else None
+    top = min(int(np.iinfo(word).max), 1 << 62)
+    values = [
+        {
+            "ulp": lambda n: rng.integers(1, 3, n),
+            "geometric": lambda n: np.minimum(rng.geometric(0.3, n), top),
+            "wide": lambda n: rng.integers(1, min(top, 40_000) + 1, n),
+            "huge": lambda n: rng.integers(1, np.iinfo(word).max, n, dtype=word, endpoint=True),
+        }[kind](n).astype(word)
+        for n in chunks
+    ]
+    changed_keys = [rng.choice(keys, len(v)).astype(np.uint16) for v in values]
+    arguments: dict[str, Any] = {"key_shift": 2, "key_bits": key_bits, "classes": classes}
+    kept = [i for i, v in enumerate(values) if len(v)]
+    found = fit_changes(
+        [values[i] for i in kept],
+        [changed_keys[i] for i in kept],
+        per_key,
+        elements,
+        **arguments,
+    )
+    magnitudes = changes.magnitudes_of(np.concatenate(values))
+    expected = choose_model(
+        per_key, elements, np.concatenate(changed_keys), magnitudes, **arguments
+    )
+    if not kept:
+        assert found is None
+    elif found is None:
+        assert width == 8 and int(magnitudes.max()) > 1 << 40
+    else:
+        assert found == expected
+
+
+@pytest.mark.skipif(not context_kernels.NATIVE, reason="the native kernels are not built")
+def test_the_native_fit_refuses_arguments_that_disagree() -> None:
+    from hotload.snapshot.codec import _context
+
+    per_key = np.ones(16, dtype=np.int64)
+    keys = [np.array([3, 4], dtype=np.uint16)]
+    values = [np.array([2, 5], dtype=np.uint16)]
+    with pytest.raises(ValueError, match="disagree"):
+        _context.fit_prepare([np.array([16], dtype=np.uint16)], per_key, 8)  # a key past 16
+    with pytest.raises(ValueError, match="disagree"):
+        _context.fit_prepare(keys, per_key[:12], 8)  # not a power of two
+    with pytest.raises(ValueError, match="disagree"):
+        _context.fit_prepare(keys, per_key, 9)
+    with pytest.raises(ValueError, match="whole number"):
+        _context.fit_prepare([np.zeros(3, dtype=np.uint8)], per_key, 8)
+    changed, first, count, rows = _context.fit_prepare(keys, per_key, 8)
+    logs = np.log2(np.frombuffer(rows, dtype=np.float64).reshape(4, -1)[1:3])
+    window = (rows, logs, per_key, changed, first, count, 8)
+    assert _context.fit_finish(values, 2, keys, 16, window) is not None
+    with pytest.raises(ValueError, match="words out of range"):
+        _context.fit_finish(values, 3, keys, 16, window)
+    with pytest.raises(ValueError, match="disagree"):  # a chunk's keys and values
+        _context.fit_finish(values, 2, [keys[0][:1]], 16, window)
+    with pytest.raises(ValueError, match="disagree"):
+        _context.fit_finish(values, 2, [np.array([3, 99], dtype=np.uint16)], 16, window)
+    with pytest.raises(ValueError, match="disagree"):
+        _context.fit_finish(values, 2, keys, 16, (rows, logs[:1], *window[2:]))
+    with pytest.raises(ValueError, match="a tuple or None"):
+        _context.fit_finish(values, 2, keys, 16, [rows])
+    with pytest.raises(TypeError):
+        _context.fit_finish(values, 2, [None], 16, window)
 
 
 STALE = """

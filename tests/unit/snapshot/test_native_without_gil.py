@@ -5,8 +5,9 @@ CPython 3.11 that races pymalloc only when two threads encode at once; on 3.12, 
 allocator state belongs to the interpreter of the calling thread, it crashed the first
 encode (seen on the lent GPU machine's Python 3.12: a segmentation fault in every
 context-coded encode). ``PYTHONMALLOC=debug`` makes any such call a fatal error on every
-version, so each of the codec's native entry points (the encoder's scan, model and both stream
-loops, both decode loops, the applied changes) runs once under it in a child process.
+version, so each of the codec's native entry points (the encoder's scan, model fit, keyed
+and not, and both stream loops, both decode loops, the applied changes) runs once under it
+in a child process.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ new[rng.choice(len(old), 20_000, replace=False)] += 1
 encoded = encode_tensor(new, old, CodecOptions(codecs=(CodecId.CONTEXT,)))
 assert encoded.codec is CodecId.CONTEXT and len(encoded.payload) > 4096
 assert encode_tensor(new, old, CodecOptions(codecs=(CodecId.CONTEXT,)), simd=False) == encoded
+# a keyed model (bf16's exponent: the scan's keys, fit_prepare and fit_finish's window)
+keyed = encode_tensor(new, old, CodecOptions(codecs=(CodecId.CONTEXT,)), dtype="BF16")
+out = old.copy()
+decode_tensor(keyed.codec, keyed.payload, out, tensor="t", changed=keyed.changed)
+assert keyed.codec is CodecId.CONTEXT and np.array_equal(out, new)
 for chunk in context.parse(memoryview(encoded.payload), len(old), 2, tensor="t"):
     for simd in (True, False):
         decode_chunk(old[chunk.start:], chunk.model, chunk.stream, chunk.changes,
