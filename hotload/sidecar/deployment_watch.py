@@ -17,13 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
+from kubernetes_asyncio.client import ApiClient, ApiException, CustomObjectsApi
 from pydantic import ValidationError
 
 from hotload.api import GROUP, VERSION, RolloutDeployment
 from hotload.api.rollout_deployment import PLURAL
 from hotload.errors import KubeError, KubeExpired
 from hotload.kube import kube_errors
+from hotload.kube.errors import map_api_exception
 from hotload.retry import Backoff, RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -128,11 +129,18 @@ class DeploymentWatcher:
                 _request_timeout=WATCH_TIMEOUT_S + 30,
             )
             try:
+                if response.status >= 300:
+                    # Unread, a refusal's body (an overloaded API server's 429 is plain text)
+                    # would be taken for watch events; it is an error to retry.
+                    error = ApiException(status=response.status, reason=response.reason)
+                    error.body = await response.read()
+                    raise map_api_exception(error, **self._context())
                 while True:
                     line = await response.content.readline()
                     if not line:
                         return version
-                    version = self._handle(json.loads(line), version)
+                    if line.strip():
+                        version = self._handle(json.loads(line), version)
             finally:
                 response.release()
 
