@@ -22,6 +22,10 @@ ANNOTATION_VIA: Final = "hotload.dev/via"
 ANNOTATION_REASON: Final = "hotload.dev/reason"
 """While Failed: a reason of :mod:`hotload.api.reasons` (its class says what it means)."""
 ANNOTATION_MESSAGE: Final = "hotload.dev/message"
+ANNOTATION_DIGEST: Final = "hotload.dev/digest"
+"""The weights digest the sidecar verified of what the engine serves (the tensor-set digest
+of the snapshot named by ``snapshot``); absent where the engine offers none. The operator
+counts a replica toward Ready on its report only when it can corroborate it."""
 ANNOTATION_FAILED_SNAPSHOT: Final = "hotload.dev/failed-snapshot"
 """While Failed: the snapshot whose files failed (during a replay an earlier link than
 the target may be the bad one); the operator marks that snapshot."""

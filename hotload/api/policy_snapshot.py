@@ -62,6 +62,10 @@ class PolicySnapshotSpec(ApiModel):
         default_factory=list, max_length=64
     )
     """config.json keys that may change without forcing a full reload."""
+    digest: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")] | None = None
+    """The rebuilt weights' tensor-set digest (xxh3-128 hex of the manifest's tensor
+    hashes), as the trainer published it. When set, a replica counts toward Ready only when
+    its report carries this digest, the one its sidecar verified of what the engine serves."""
 
     @model_validator(mode="after")
     def _kind_matches_incremental(self) -> PolicySnapshotSpec:
@@ -117,6 +121,22 @@ class SnapshotPhase(StrEnum):
     """Its chain is broken; it will never be the target."""
 
 
+class Corroboration(StrEnum):
+    """Why the operator believes (or not yet) a replica's report that it serves a snapshot."""
+
+    DIGEST = "Digest"
+    """Its report carries the digest the snapshot declares (or, when it declares none, the
+    one every replica serving it reports)."""
+    STOOD = "Stood"
+    """No digest could be had, or none declared to compare with: counted once the report
+    stood unchallenged longer than a sidecar takes to repair a report it did not write."""
+    PENDING = "Pending"
+    """Not counted yet: the report has not stood long enough."""
+    DISPUTED = "Disputed"
+    """Its digest differs from the declared one (or from the other replicas'): never counted
+    while it does."""
+
+
 class ReplicaRecord(ApiStatusModel):
     """One replica's line in the ledger."""
 
@@ -132,6 +152,10 @@ class ReplicaRecord(ApiStatusModel):
     phase: SwitchPhase | None = None
     """Coordinated switch only: Staged (state Loading, waiting for the switch time), OnTime
     or Late (state Ready: swapped at the switch time, or after it)."""
+    digest: str | None = None
+    """The weights digest the replica's sidecar verified of what its engine serves."""
+    corroboration: Corroboration | None = None
+    """Whether (and why) its report of what it serves counts toward Ready."""
 
     @field_serializer("since", when_used="json-unless-none")
     def _since_to_the_second(self, since: datetime) -> str:

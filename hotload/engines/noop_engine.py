@@ -2,6 +2,9 @@
 
 No HTTP at all, so one process can host hundreds of agents; it remembers what it was
 told so the sidecar's reporting and the operator's ledger behave as with a real engine.
+Its "weights" are the directory it was handed: its digest is the one the decoder recorded
+in that rebuilt directory for that snapshot (a directory without one gives no digest), so
+the sidecar's digest check and the operator's corroboration behave as with a real engine.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 from hotload.api import EngineKind, KvCachePolicy, SnapshotKind
 from hotload.api.kinds import Identity
 from hotload.engines.protocol import EngineReport, PauseMode
+from hotload.snapshot.decoder import read_rebuilt_record
 
 
 class NoopEngine:
@@ -21,6 +25,7 @@ class NoopEngine:
 
     def __init__(self) -> None:
         self._identity: Identity | None = None
+        self._digest: str | None = None
         self._instance = uuid.uuid4().hex
         self._paused = False
         self.loads: list[tuple[Path, str, SnapshotKind]] = []
@@ -52,11 +57,15 @@ class NoopEngine:
         return self._identity
 
     async def report(self, *, digest: bool = False) -> EngineReport:
-        return EngineReport(self._identity, self._instance, None)
+        return EngineReport(self._identity, self._instance, self._digest if digest else None)
 
     async def load_weights(self, path: Path, identity: Identity, *, kind: SnapshotKind) -> None:
         self.loads.append((path, identity, kind))
         self._identity = identity
+        record = read_rebuilt_record(path)
+        recorded = record.get("tensorDigest") if record is not None else None
+        same = record is not None and record.get("identity") == identity
+        self._digest = recorded if same and isinstance(recorded, str) else None
 
     async def pause(self, mode: PauseMode, *, cache_policy: KvCachePolicy | None = None) -> None:
         self._paused = True

@@ -3,8 +3,11 @@
 Each PolicySnapshot's status holds a map keyed by pod name, one entry per desired
 replica, saying where that replica stands *relative to this snapshot*:
 
-- ``Ready`` when it serves this snapshot or a newer one (``snapshot`` says which, ``via``
-  how it got there, ``since`` when the operator first saw it there);
+- ``Ready`` when it serves this snapshot or a newer one on a report the operator can
+  corroborate (``snapshot`` says which, ``via`` how it got there, ``since`` when the
+  operator first saw it there, ``digest`` and ``corroboration`` why it is believed);
+- ``Loading`` with ``corroboration`` Pending or Disputed when it says it serves it on a
+  report not corroborated (yet): the entry's message says why it does not count;
 - ``Failed`` when its sidecar reports a failure (``reason``, ``message``);
 - ``Loading`` otherwise (``snapshot`` is what it still serves, if anything).
 
@@ -27,9 +30,11 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from hotload.api import ReplicaRecord, ReplicaState
+from hotload.api import ReplicaRecord, ReplicaState, reasons
 from hotload.api.kinds import Identity
+from hotload.api.policy_snapshot import Corroboration
 from hotload.api.switch import SwitchPhase
+from hotload.operator.corroboration import REPORT_STANDS_S, counts
 from hotload.operator.pods import PodReport
 
 #: Count key for replicas whose sidecar has not reported a state yet.
@@ -93,6 +98,35 @@ def switched_phase(pod: PodReport, identity: Identity | None) -> SwitchPhase | N
     return None
 
 
+def _unbelieved(
+    pod: PodReport, corroboration: Corroboration | None, now: datetime
+) -> ReplicaRecord:
+    """A replica that says it serves the snapshot (or newer) on a report not corroborated
+    yet: Loading, and the entry says why it does not count."""
+    if corroboration is Corroboration.DISPUTED:
+        why = (
+            f"reports {pod.served_identity} with digest {pod.digest}, which is not the "
+            "snapshot's (or the other replicas'): not counted while it differs"
+        )
+        reason: str | None = reasons.DIGEST_MISMATCH
+    else:
+        how = "with a digest nothing confirms yet" if pod.digest else "without a digest"
+        why = (
+            f"reports {pod.served_identity} {how}: counted once the report has stood "
+            f"{REPORT_STANDS_S:.0f} s unchallenged"
+        )
+        reason = None
+    return ReplicaRecord(
+        state=ReplicaState.LOADING,
+        snapshot=pod.served_identity,
+        since=pod.first_seen or now,
+        reason=reason,
+        message=why,
+        digest=pod.digest,
+        corroboration=corroboration or Corroboration.PENDING,
+    )
+
+
 def ledger_entry(
     pod: PodReport,
     order: tuple[int, int],
@@ -100,15 +134,24 @@ def ledger_entry(
     recorded: ReplicaRecord | None,
     now: datetime,
     identity: Identity | None = None,
+    corroboration: Corroboration | None = None,
 ) -> ReplicaRecord:
     """The replica's entry in the ledger of the snapshot of ``order`` (``identity``: the
-    snapshot's, for a coordinated switch's phase)."""
+    snapshot's, for a coordinated switch's phase); a replica that serves it (or newer) is
+    Ready only on a corroborated report (``corroboration.py``)."""
     if serves_at_least(pod, order, order_of):
+        if not counts(corroboration):
+            entry = _unbelieved(pod, corroboration, now)
+            if recorded is not None and same_stance(entry, recorded):
+                return recorded
+            return entry
         stance = ReplicaRecord(
             state=ReplicaState.READY,
             snapshot=pod.served_identity,
             via=pod.load_path,
             phase=switched_phase(pod, identity),
+            digest=pod.digest,
+            corroboration=corroboration,
         )
         if recorded is not None and same_stance(stance, recorded):
             return recorded
@@ -155,12 +198,17 @@ def fold_ledger(
     recorded: Mapping[str, ReplicaRecord],
     now: datetime,
     identity: Identity | None = None,
+    *,
+    corroborations: Mapping[str, Corroboration],
 ) -> LedgerFold:
     """The ledger of the snapshot of ``order`` over ``pods`` (the desired replicas)."""
     entries: dict[str, ReplicaRecord] = {}
     ready = staged = late = 0
     for pod in pods:
-        entry = ledger_entry(pod, order, order_of, recorded.get(pod.name), now, identity)
+        entry = ledger_entry(
+            pod, order, order_of, recorded.get(pod.name), now, identity,
+            corroborations.get(pod.name),
+        )  # fmt: skip
         entries[pod.name] = entry
         if entry.state is ReplicaState.READY:
             ready += 1

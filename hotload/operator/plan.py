@@ -22,6 +22,7 @@ from hotload.api.kinds import Identity
 from hotload.api.labels import SERVED_FINALIZER
 from hotload.api.policy_snapshot import KIND as SNAPSHOT_KIND
 from hotload.api.rollout_deployment import KIND as DEPLOYMENT_KIND
+from hotload.operator.corroboration import corroborate
 from hotload.operator.deployment_status import plan_deployment_status
 from hotload.operator.guards import plan_guards
 from hotload.operator.ledger import count_fleet
@@ -95,6 +96,8 @@ class DeploymentPlan:
     propagated: list[tuple[str, float]] = field(default_factory=list)
     """(identity, seconds from creation to all replicas ready) completed now."""
     verdicts: dict[str, ChainVerdict] = field(default_factory=dict)
+    recheck_at: datetime | None = None
+    """When a replica's report not corroborated yet will have stood long enough."""
     metadata_patches: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Identity → a PolicySnapshot's metadata patch (its ``hotload.dev/served`` finalizer;
     written before the target moves onto it)."""
@@ -291,13 +294,14 @@ def plan_deployment(observation: Observation, now: datetime) -> DeploymentPlan:
 
     snapshot_patches: dict[str, dict[str, Any]] = {}
     propagated: list[tuple[str, float]] = []
+    believed = corroborate(desired, {i: info.digest for i, info in infos.items()}, now)
     for identity, observed in observation.snapshots.items():
         if observed.info.deployment != deployment.name:
             continue
         verdict = verdicts[identity]
         snap_plan = plan_snapshot_status(
             observed, verdict, desired, spec.replicas, target, order_of, now,
-            switches.get(identity),
+            switches.get(identity), believed.by_pod,
         )  # fmt: skip
         if snap_plan.patch is not None:
             snapshot_patches[identity] = snap_plan.patch
@@ -364,6 +368,7 @@ def plan_deployment(observation: Observation, now: datetime) -> DeploymentPlan:
         events=events,
         propagated=propagated,
         verdicts=verdicts,
+        recheck_at=believed.recheck_at,
         metadata_patches=guards.patches,
         wake_at=(plan.wake_at if target and (plan := switches.get(target.identity)) else None),
     )

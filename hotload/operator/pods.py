@@ -52,6 +52,16 @@ class PodReport:
     """The readiness gate ``hotload.dev/SnapshotReady`` is True."""
     switch_phase: SwitchPhase | None = None
     """Coordinated switch: Staged (its target, waiting for the switch time), OnTime, Late."""
+    digest: str | None = None
+    """The weights digest its sidecar verified of what the engine serves (None: none)."""
+    first_seen: datetime | None = None
+    """When the operator first saw this replica report what it reports now (what it serves,
+    with that digest): set by the reconciler; None until then."""
+
+    @property
+    def report_key(self) -> tuple[Identity | None, str | None]:
+        """What a report claims: a change of it starts its standing afresh."""
+        return (self.served_identity, self.digest)
 
     @property
     def ordinal(self) -> int | None:
@@ -123,4 +133,5 @@ def pod_report(body: Mapping[str, Any]) -> PodReport | None:
         failed_identity=notes.get(contract.ANNOTATION_FAILED_SNAPSHOT) or None,
         serves_verified=_gate_is_true(status),
         switch_phase=_switch_phase(notes.get(contract.ANNOTATION_SWITCH)),
+        digest=notes.get(contract.ANNOTATION_DIGEST) or None,
     )

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -127,6 +128,7 @@ def observed_snapshot(body: Mapping[str, Any]) -> ObservedSnapshot | None:
         checksum_format=incremental.checksum_format if incremental else None,
         kv_cache_policy=spec.kv_cache_policy,
         recorded=verdict,
+        digest=spec.digest,
         deleting=metadata.get("deletionTimestamp") is not None,
         switch=switch_facts(metadata.get("annotations") or {}),
     )
@@ -225,9 +227,19 @@ class DeploymentReconciler:
         if event_type == DELETED:
             changed = self._pods.delete(report.name, report.uid, report.resource_version)
         else:
+            report = self._seen(report)
             changed = self._pods.upsert(report.name, report.uid, report.resource_version, report)
         if changed:
             self.wakeup.poke()
+
+    def _seen(self, report: PodReport) -> PodReport:
+        """The report with when we first saw it claim what it claims now (its standing)."""
+        held = self._pods.get(report.name)
+        if held is not None and held.uid == report.uid and held.report_key == report.report_key:
+            first = held.first_seen
+        else:
+            first = datetime.now(UTC)
+        return dataclasses.replace(report, first_seen=first)
 
     def on_snapshot(
         self, event_type: str | None, body: Mapping[str, Any], *, poke: bool = True
@@ -269,6 +281,7 @@ class DeploymentReconciler:
         for item in items:
             report = pod_report(item)
             if report is not None and report.deployment == self.name:
+                report = self._seen(report)
                 listed[report.name] = Versioned(report.uid, report.resource_version, report)
         self._pods.reseed(listed, version)
         self.wakeup.poke()
@@ -444,6 +457,9 @@ class DeploymentReconciler:
         plan = plan_deployment(observation, now)
         self._wake_at(plan.wake_at, now)
         await self._execute(plan, observation)
+        if plan.recheck_at is not None:
+            # A report not corroborated yet will have stood long enough then: plan again.
+            self.wakeup.poke_later(max(0.0, (plan.recheck_at - now).total_seconds()) + 0.05)
         self._metrics.reconcile_seconds.labels(self.namespace, self.name).observe(
             time.perf_counter() - started
         )

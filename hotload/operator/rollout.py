@@ -59,6 +59,8 @@ class SnapshotInfo:
     kv_cache_policy: KvCachePolicy | None = None
     recorded: ChainVerdict | None = None
     """The ``ChainValid`` condition its status carries now (None when it has none)."""
+    digest: str | None = None
+    """The rebuilt weights' digest its spec declares (``spec.digest``), when it does."""
     deleting: bool = False
     """Its deletion was asked for (it is held while the target or served): never a new
     target."""

@@ -1,7 +1,8 @@
 """A PolicySnapshot's status, computed whole from the observed state: a pure function.
 
 - ``ChainValid`` is the chain planner's verdict (``rollout.validate_chains``).
-- ``Ready`` turns True once every desired replica serves this snapshot or a newer one
+- ``Ready`` turns True once every desired replica serves this snapshot or a newer one, on
+  reports the operator corroborates (``corroboration.py``)
   (reason ``Rolled`` while it is the target, ``Superseded`` when a newer one is), and
   then stays True: it is a latch, so ``kubectl wait`` never misses it. A broken snapshot
   never turns Ready.
@@ -33,7 +34,7 @@ from hotload.api import ConditionStatus, ReplicaRecord, SnapshotPhase, SnapshotR
 from hotload.api import conditions as cond
 from hotload.api.conditions import CHAIN_VALID, READY
 from hotload.api.kinds import Identity
-from hotload.api.policy_snapshot import SwitchRecord
+from hotload.api.policy_snapshot import Corroboration, SwitchRecord
 from hotload.api.switch import switch_time
 from hotload.operator.ledger import (
     OrderOf,
@@ -102,6 +103,7 @@ def plan_snapshot_status(
     order_of: OrderOf,
     now: datetime,
     switch: SwitchPlan | None = None,
+    corroborations: Mapping[str, Corroboration] | None = None,
 ) -> SnapshotStatusPlan:
     """``switch``: its coordinated switch (None: the deployment switches Independent)."""
     info = observed.info
@@ -150,7 +152,13 @@ def plan_snapshot_status(
         if live:
             coordinated = info.identity if switch is not None else None
             fold = fold_ledger(
-                desired_pods, info.order, order_of, observed.ledger, now, coordinated
+                desired_pods,
+                info.order,
+                order_of,
+                observed.ledger,
+                now,
+                coordinated,
+                corroborations=corroborations or {},
             )
             ledger_changes = ledger_patch(observed.ledger, fold.entries)
             ready, staged, late = fold.ready, fold.staged, fold.late

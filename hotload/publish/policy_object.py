@@ -14,15 +14,20 @@ def policy_snapshot(
     kind: SnapshotKind,
     previous: str | None,
     compression_format: str = FORMAT,
+    digest: str | None = None,
 ) -> dict[str, object]:
     """Its ``to_k8s()`` form, validated by the API's model; ``compression_format`` is the
-    format the snapshot was written in (v4 when its tensors are stored as parts)."""
+    format the snapshot was written in (v4 when its tensors are stored as parts), ``digest``
+    the rebuilt weights' tensor-set digest (``manifest_digest``): the operator counts a
+    replica toward Ready at once when its report carries it."""
     spec: dict[str, object] = {
         "deploymentRef": {"name": settings.deployment},
         "identity": identity,
         "step": step,
         "kind": kind.value,
     }
+    if digest is not None:
+        spec["digest"] = digest
     if previous is not None:
         # the format the encoder just wrote, not the API's historical default (v1)
         spec["incremental"] = {

@@ -72,6 +72,7 @@ from hotload.publish.switching import SwitchCoordinator
 from hotload.publish.tidying import remember, tidy
 from hotload.publish.weights import CapturedWeights, capture
 from hotload.publish.worker import SerialWorker
+from hotload.snapshot import manifest_digest
 
 __all__ = ["PublishHandle", "Publisher", "PublisherSettings"]
 
@@ -294,8 +295,9 @@ class Publisher:
             identity, kind, step, encoded.result.stored_bytes, encoded.result.tensor_bytes
         )
         policy = policy_snapshot(
-            settings, identity, step, kind, decision.previous, encoded.result.manifest.format
-        )
+            settings, identity, step, kind, decision.previous, encoded.result.manifest.format,
+            manifest_digest(encoded.result.manifest),
+        )  # fmt: skip
         regions, switch = await self._deliver(identity, policy, encoded.directory, timing)
         remember(self._state, identity, step, kind, encoded.weights)
         self._chooser.chain_broken = False

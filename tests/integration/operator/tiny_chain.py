@@ -17,7 +17,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from hotload.api import API_VERSION, SnapshotKind
-from hotload.snapshot import MANIFEST_NAME, encode
+from hotload.snapshot import MANIFEST_NAME, encode, manifest_digest, read_manifest
 from hotload.snapshot.publish import publish_snapshot
 from hotload.storage import open_storage
 
@@ -29,6 +29,9 @@ class TinySnapshot:
     kind: SnapshotKind
     previous: str | None
     files: tuple[str, ...]
+    digest: str | None = None
+    """The rebuilt weights' tensor-set digest, declared in the PolicySnapshot's spec (as the
+    publisher declares it)."""
 
     def policy_snapshot(self, deployment: str) -> dict[str, Any]:
         """The PolicySnapshot a trainer applies for it."""
@@ -40,6 +43,8 @@ class TinySnapshot:
         }
         if self.previous is not None:
             spec["incremental"] = {"previousIdentity": self.previous}
+        if self.digest is not None:
+            spec["digest"] = self.digest
         return {
             "apiVersion": API_VERSION,
             "kind": "PolicySnapshot",
@@ -91,8 +96,9 @@ class TinyChain:
             await storage.aclose()
         files = tuple(sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()))
         snapshot = TinySnapshot(
-            identity, step, kind, previous[0].identity if previous else None, files
-        )
+            identity, step, kind, previous[0].identity if previous else None, files,
+            manifest_digest(read_manifest(out)),
+        )  # fmt: skip
         self._last = (snapshot, model)
         return snapshot
 

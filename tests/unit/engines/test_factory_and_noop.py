@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -19,6 +20,7 @@ from hotload.engines import (
     make_engine,
 )
 from hotload.errors import ConfigError
+from hotload.snapshot import REBUILT_NAME
 
 
 @pytest.mark.parametrize(
@@ -74,6 +76,24 @@ async def test_noop_accepts_every_swap_at_once_and_serves_nothing() -> None:
     assert await engine.served_identity() == "lora-1"
     assert [identity for _, identity, _ in engine.loads] == ["step-1", "lora-1"]
     assert engine.identities_of({"hotload_identity": "x"}) == []
+    assert (await engine.report(digest=True)).digest is None  # no decoder's record there
+
+
+async def test_noop_reports_the_digest_the_decoder_recorded_for_what_it_was_handed(
+    tmp_path: Path,
+) -> None:
+    """Would catch: the noop engine (the operator tests' fleet) giving the sidecar no
+    digest to verify and report, or the digest of another snapshot than it was handed."""
+    rebuilt = tmp_path / "step-1"
+    rebuilt.mkdir()
+    record = {"identity": "step-1", "step": 1, "kind": "Full", "tensorDigest": "ab" * 16}
+    (rebuilt / REBUILT_NAME).write_text(json.dumps(record))
+    engine = NoopEngine()
+    await engine.load_weights(rebuilt, "step-1", kind=SnapshotKind.FULL)
+    assert (await engine.report(digest=True)).digest == "ab" * 16
+    assert (await engine.report()).digest is None  # only when asked, as engines answer
+    await engine.load_weights(rebuilt, "step-2", kind=SnapshotKind.FULL)  # not its record
+    assert (await engine.report(digest=True)).digest is None
 
 
 @pytest.mark.parametrize(

@@ -67,6 +67,8 @@ def pod(
     verified: bool | None = None,
     terminating: bool = False,
     deployment: str = DEPLOYMENT,
+    digest: str | None = None,
+    first_seen: datetime | None = T0 - timedelta(minutes=1),
 ) -> PodReport:
     """A replica pod; by default Ready at ``snapshot`` (its target) when it serves one."""
     if state is None and snapshot is not None:
@@ -88,6 +90,8 @@ def pod(
         message=message,
         failed_identity=failed_snapshot,
         serves_verified=verified if verified is not None else snapshot is not None,
+        digest=digest,
+        first_seen=first_seen,
     )
 
 

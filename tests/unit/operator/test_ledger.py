@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from hotload.api import LoadPath, ReplicaRecord, ReplicaState
+from hotload.api.policy_snapshot import Corroboration
+from hotload.operator.corroboration import corroborate
 from hotload.operator.ledger import (
     count_fleet,
     fold_ledger,
@@ -30,7 +32,7 @@ def record(
     reason: str | None = None,
     message: str | None = None,
 ) -> ReplicaRecord:
-    """A ledger entry, positionally."""
+    """A ledger entry, positionally (a Ready one believed on its standing report)."""
     return ReplicaRecord(
         state=state,
         snapshot=snapshot,
@@ -38,11 +40,13 @@ def record(
         via=LoadPath(via) if via else None,
         reason=reason,
         message=message,
+        corroboration=Corroboration.STOOD if state is ReplicaState.READY else None,
     )
 
 
 def entry(p: PodReport, identity: str, recorded: ReplicaRecord | None = None) -> ReplicaRecord:
-    return ledger_entry(p, ORDERS[identity], order_of, recorded, at(60))
+    believed = corroborate([p], {}, at(60)).of(p)
+    return ledger_entry(p, ORDERS[identity], order_of, recorded, at(60), corroboration=believed)
 
 
 def test_replica_at_the_snapshot_is_ready_since_it_said_so() -> None:
@@ -93,14 +97,17 @@ def test_unknown_served_snapshot_is_not_counted_as_ready() -> None:
 
 def test_fold_counts_ready_and_patch_names_changes_and_removals() -> None:
     pods = [pod(0, "s1"), pod(1, "s0", target="s1", state=ReplicaState.LOADING)]
-    fold = fold_ledger(pods, ORDERS["s1"], order_of, {}, at(60))
+    fold = fold_ledger(
+        pods, ORDERS["s1"], order_of, {}, at(60),
+        corroborations=corroborate(pods, {}, at(60)).by_pod,
+    )  # fmt: skip
     assert fold.ready == 1
     stale = record(ReplicaState.LOADING, None, T0)
     patch = ledger_patch({"demo-0": stale, "demo-7": stale}, fold.entries)
     assert patch["demo-7"] is None
     assert patch["demo-0"] == {
         "state": "Ready", "snapshot": "s1", "since": "2026-11-23T10:00:00Z", "via": "full",
-        "reason": None, "message": None,
+        "reason": None, "message": None, "digest": None, "corroboration": "Stood",
     }  # fmt: skip
     assert patch["demo-1"]["state"] == "Loading" and patch["demo-1"]["via"] is None
 

@@ -6,11 +6,30 @@ from typing import Any
 
 from hotload.api import ConditionStatus, KvCachePolicy, ReplicaState, SnapshotKind, SnapshotRef
 from hotload.api.conditions import merge_conditions
+from hotload.operator import snapshot_status
+from hotload.operator.corroboration import corroborate
 from hotload.operator.deployment_status import plan_deployment_status
 from hotload.operator.ledger import count_fleet
+from hotload.operator.pods import PodReport
 from hotload.operator.rollout import ChainVerdict
-from hotload.operator.snapshot_status import plan_snapshot_status
 from tests.unit.operator.builders import at, broken, delta, full, observed_snapshot, pod, valid
+
+
+def plan_snapshot_status(
+    observed: snapshot_status.ObservedSnapshot,
+    verdict: ChainVerdict,
+    pods: list[PodReport],
+    replicas: int,
+    target: SnapshotRef | None,
+    order_of: Any,
+    now: Any,
+) -> snapshot_status.SnapshotStatusPlan:
+    """The planner with the replicas' reports believed as the deployment's plan does."""
+    believed = corroborate(pods, {}, now).by_pod
+    return snapshot_status.plan_snapshot_status(
+        observed, verdict, pods, replicas, target, order_of, now, corroborations=believed
+    )
+
 
 ORDERS = {"s0": (0, 1), "s1": (1, 0), "s2": (2, 0)}
 
