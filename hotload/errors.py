@@ -290,6 +290,14 @@ class PublishConflict(PublishError):
     reason = "SnapshotConflict"
 
 
+class RankFailed(PublishError):
+    """A sharded publish did not commit: one rank of the trainer failed, stopped answering
+    or disagreed (``rank``, ``step`` in the context). Every rank raises it alike; no
+    manifest was written, and the next publish goes on from the last committed one."""
+
+    reason = "RankFailed"
+
+
 class GcRefused(PublishError):
     """``hotload gc`` cannot know what every region still needs (a region did not
     answer), so it deletes nothing."""

@@ -53,13 +53,23 @@ class Delivery:
         self._upload_concurrency = upload_concurrency
 
     async def deliver(
-        self, identity: str, manifest: dict[str, object], encoded: Path, started: float
+        self,
+        identity: str,
+        manifest: dict[str, object],
+        encoded: Path,
+        started: float,
+        *,
+        rank_buckets: list[tuple[str, str | None]] | None = None,
     ) -> dict[str, RegionResult]:
-        """Every region's outcome for one new snapshot (after what it still had queued)."""
+        """Every region's outcome for one new snapshot (after what it still had queued).
+        ``rank_buckets``: a sharded snapshot, whose ranks wrote their files to these
+        buckets only."""
         await self._buckets.resolve()
         uploads: _Uploads = {}
         runs = [self._region_run(context, uploads, started) for context in self._clients]
-        item = PendingSnapshot(identity=identity, manifest=manifest, encoded=str(encoded))
+        item = PendingSnapshot(
+            identity=identity, manifest=manifest, encoded=str(encoded), rank_buckets=rank_buckets
+        )
         results = await asyncio.gather(*(run.run(item.model_copy()) for run in runs))
         return {result.context: result for result in results}
 
@@ -95,6 +105,14 @@ class Delivery:
     def _uploader(self, context: str, uploads: _Uploads) -> Upload:
         async def upload(item: PendingSnapshot, phase: Phase) -> UploadReport | None:
             bucket = self._buckets.write_bucket(context)
+            if item.rank_buckets is not None and bucket.key not in item.rank_buckets:
+                # Its ranks' files are not in this bucket, and only they had them.
+                raise PublishConflict(
+                    "the ranks of this sharded snapshot did not write this bucket (its "
+                    "region was unknown when it was published): the region gets the next Full",
+                    bucket=bucket.bucket_url,
+                    snapshot=item.identity,
+                )
             key = (bucket.key, item.identity)
             task = uploads.get(key)
             if task is not None:

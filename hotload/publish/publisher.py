@@ -43,17 +43,17 @@ import logging
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
 from hotload.api import SnapshotKind
-from hotload.errors import PublishError
+from hotload.errors import HotloadError, PublishError
 from hotload.publish.buckets import BucketOpener, open_region_bucket
 from hotload.publish.cadence import identity_for
+from hotload.publish.commit import RoundTiming
 from hotload.publish.deciding import KindChooser
 from hotload.publish.delivery import Delivery
 from hotload.publish.encoding import EncodeSettings, encode_step
@@ -61,18 +61,23 @@ from hotload.publish.metrics import PublisherMetrics
 from hotload.publish.newest import PendingPublish
 from hotload.publish.observer import NullObserver, PublishObserver
 from hotload.publish.policy_object import policy_snapshot
+from hotload.publish.ranks import join_ranks
 from hotload.publish.region_buckets import RegionBuckets
 from hotload.publish.region_client import RegionClient
 from hotload.publish.region_run import WaitSettings
 from hotload.publish.replication import ReplicationWatch
 from hotload.publish.results import PublishResult, RegionOutcome, RegionResult, SwitchResult
 from hotload.publish.settings import PublisherSettings
-from hotload.publish.state import WorkDir
+from hotload.publish.state import PublisherState, WorkDir
 from hotload.publish.switching import SwitchCoordinator
 from hotload.publish.tidying import remember, tidy
 from hotload.publish.weights import CapturedWeights, capture
 from hotload.publish.worker import SerialWorker
 from hotload.snapshot import manifest_digest
+
+if TYPE_CHECKING:
+    from hotload.publish.sharded_side import ShardedSide
+    from hotload.publish.sharding import HeldWeights
 
 __all__ = ["PublishHandle", "Publisher", "PublisherSettings"]
 
@@ -94,15 +99,6 @@ class PublishHandle:
         return self._future.done()
 
 
-@dataclass
-class _Timing:
-    started: float
-    """``time.monotonic()`` when ``publish`` was called."""
-    blocked_seconds: float = 0.0
-    """The caller's wait: the copy, then also the wait for room in the queue (set before
-    the worker reads it at the end of the publish)."""
-
-
 class Publisher:
     """Publishes snapshots of one deployment to every region (see the module docstring)."""
 
@@ -113,24 +109,40 @@ class Publisher:
         observer: PublishObserver | None = None,
         open_bucket: BucketOpener = open_region_bucket,
         registry: CollectorRegistry | None = None,
+        distributed: bool = False,
+        process_group: Any | None = None,
     ) -> None:
         """``registry``: where the publisher's metrics go (``hotload_publisher_*``; a
-        private registry when none is given)."""
+        private registry when none is given). ``distributed`` (or a ``process_group``):
+        this is one rank of a sharded trainer's publisher (docs/publishing.md, "From every
+        rank of a sharded trainer"); every rank of the group constructs one with the same
+        settings."""
         self.settings = settings
         self.metrics = PublisherMetrics(registry or CollectorRegistry(auto_describe=True))
         self._observer = observer or NullObserver()
+        self._ranks = (
+            join_ranks(settings.namespace, settings.deployment, process_group)
+            if distributed or process_group is not None
+            else None
+        )
+        coordinating = self._ranks is None or self._ranks.coordinator
         self._workdir = WorkDir(settings.workdir)
-        self._workdir.lock()
-        try:
-            self._state = self._workdir.load(settings.deployment, settings.namespace)
-        except BaseException:
-            self._workdir.unlock()
-            raise
+        if coordinating:
+            self._workdir.lock()
+            try:
+                self._state = self._workdir.load(settings.deployment, settings.namespace)
+            except BaseException:
+                self._workdir.unlock()
+                raise
+        else:  # the coordinator alone holds the state and talks to the regions
+            self._state = PublisherState(
+                deployment=settings.deployment, namespace=settings.namespace
+            )
         self._clients = {
             context: RegionClient(
                 context, settings.kubeconfig, settings.namespace, settings.deployment
             )
-            for context in settings.contexts
+            for context in (settings.contexts if coordinating else ())
         }
         self._buckets = RegionBuckets(
             self._clients,
@@ -154,11 +166,31 @@ class Publisher:
             upload_concurrency=settings.upload_concurrency,
         )
         self._switching = SwitchCoordinator(self._clients, self._state)
+        self._sharded = self._join(open_bucket) if self._ranks is not None else None
         self._closed = False
         self._worker = SerialWorker(
             max_pending=settings.max_pending,
             name="hotload-publisher",
             finish=self._buckets.aclose,
+        )
+
+    def _join(self, open_bucket: BucketOpener) -> ShardedSide:
+        """This rank's side of the sharded publisher (imports torch)."""
+        from hotload.publish.sharded_side import ShardedSide
+
+        assert self._ranks is not None
+        return ShardedSide.join(
+            self.settings,
+            self._ranks,
+            open_bucket=open_bucket,
+            coordinator_parts=(
+                self._workdir,
+                self._state,
+                self._chooser,
+                self._buckets,
+                self._deliver,
+                self._observer,
+            ),
         )
 
     # --- the training loop's side ---------------------------------------------------
@@ -175,7 +207,30 @@ class Publisher:
         """
         if self._closed:
             raise PublishError("the publisher is closed")
-        timing = _Timing(started=time.monotonic())
+        timing = RoundTiming(started=time.monotonic())
+        if self._sharded is not None:
+            sharded = self._sharded
+            # A rank that cannot capture still takes its turn in the round (posting its
+            # error), so that every rank hears the same outcome instead of waiting on it.
+            held: HeldWeights | HotloadError
+            try:
+                held = sharded.capture(weights, self.settings.dtype)
+            except HotloadError as err:
+                held = err
+            timing.blocked_seconds = time.monotonic() - timing.started
+            self.metrics.offered(step)
+            wants_full = full or sharded.take_full_request()
+
+            async def round_work() -> PublishResult:
+                result = await sharded.rounds.publish(step, held, wants_full, timing)
+                self.metrics.published(result)
+                return result
+
+            # Never skipped (no tag): every rank must publish the same steps in turn.
+            future = self._worker.submit(round_work)
+            timing.blocked_seconds = time.monotonic() - timing.started
+            self.metrics.blocked(timing.blocked_seconds)
+            return PublishHandle(future, step, timing.blocked_seconds)
         pending = PendingPublish(step, capture(weights, self.settings.dtype), full)
         timing.blocked_seconds = time.monotonic() - timing.started
         self.metrics.offered(step)
@@ -194,7 +249,9 @@ class Publisher:
         return PublishHandle(future, step, timing.blocked_seconds)
 
     def request_full(self) -> None:
-        """Make the next snapshot a Full."""
+        """Make the next snapshot a Full (on any rank of a sharded publisher)."""
+        if self._sharded is not None:
+            self._sharded.request_full()
         self._chooser.full_requested.set()
 
     def flush(self, timeout_s: float = 60.0) -> dict[str, list[str]]:
@@ -224,6 +281,8 @@ class Publisher:
             return
         self._closed = True
         self._worker.close()
+        if self._sharded is not None:
+            self._sharded.close()
         for client in self._clients.values():
             client.close()
         self._workdir.unlock()
@@ -237,21 +296,31 @@ class Publisher:
     # --- the worker -------------------------------------------------------------------
 
     async def _deliver(
-        self, identity: str, policy: dict[str, Any], encoded: Path, timing: _Timing
+        self,
+        identity: str,
+        policy: dict[str, Any],
+        encoded: Path,
+        timing: RoundTiming,
+        rank_buckets: list[tuple[str, str | None]] | None = None,
     ) -> tuple[dict[str, RegionResult], SwitchResult | None]:
         """Deliver to every region and, where the regions coordinate their switch, decide
-        it meanwhile (the regions' waits for Ready end only after it)."""
+        it meanwhile (the regions' waits for Ready end only after it). ``rank_buckets``:
+        a sharded snapshot's (see :meth:`Delivery.deliver`)."""
         await self._switching.retry()
         fleet = await self._switching.fleet()
         if fleet is None:
-            regions = await self._delivery.deliver(identity, policy, encoded, timing.started)
+            regions = await self._delivery.deliver(
+                identity, policy, encoded, timing.started, rank_buckets=rank_buckets
+            )
             return regions, None
         deadline = self._switching.stamp(policy, fleet, datetime.now(UTC))
         switching = asyncio.ensure_future(
             self._switching.coordinate(identity, fleet, deadline, timing.started)
         )
         try:
-            regions = await self._delivery.deliver(identity, policy, encoded, timing.started)
+            regions = await self._delivery.deliver(
+                identity, policy, encoded, timing.started, rank_buckets=rank_buckets
+            )
         except BaseException:
             switching.cancel()  # undecided: every region presumes at the deadline
             raise
@@ -262,7 +331,7 @@ class Publisher:
         step: int,
         captured: CapturedWeights,
         full: bool,
-        timing: _Timing,
+        timing: RoundTiming,
         why: str | None = None,
         skipped: list[int] | None = None,
     ) -> PublishResult:
@@ -330,7 +399,7 @@ class Publisher:
                 step,
                 CapturedWeights(directory=encoded.weights),
                 full=True,
-                timing=_Timing(started=time.monotonic()),
+                timing=RoundTiming(started=time.monotonic()),
                 why="chain-broken",
             )
             result = result.model_copy(update={"fallback": fallback})

@@ -14,7 +14,7 @@ from hotload.errors import HotloadError, NotFound
 from hotload.publish.region_buckets import RegionBuckets
 from hotload.publish.region_run import Landed
 from hotload.publish.state import PendingSnapshot
-from hotload.snapshot.publish import snapshot_files
+from hotload.snapshot import MANIFEST_NAME, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class ReplicationWatch:
         if bucket is None or self._buckets.write_bucket(context).key == bucket.key:
             return True
         storage = self._buckets.storage(bucket)
-        missing = {f"{item.identity}/{rel}" for rel in snapshot_files(Path(item.encoded))}
+        missing = {f"{item.identity}/{rel}" for rel in _listed(Path(item.encoded))}
         started = time.monotonic()
         deadline = started + self._timeout_s
         nudge_after = self._nudge_after_s
@@ -102,6 +102,8 @@ class ReplicationWatch:
         encoded = Path(item.encoded)
         for key in missing:
             relative = key.removeprefix(f"{item.identity}/")
+            if not (encoded / relative).is_file():
+                continue  # another rank's file (a sharded snapshot): replication only
             try:
                 await storage.put_file(key, encoded / relative)
             except (HotloadError, OSError) as err:
@@ -110,3 +112,9 @@ class ReplicationWatch:
                     extra={"context": context, "key": key, "error": str(err)[:200]},
                 )
                 return
+
+
+def _listed(encoded: Path) -> list[str]:
+    """Every file of the snapshot, the manifest included: those its manifest lists (a
+    sharded snapshot's encoded directory holds only the coordinator's own files)."""
+    return [*read_manifest(encoded).files_to_fetch(), MANIFEST_NAME]

@@ -94,6 +94,19 @@ class SwitchResult(ResultModel):
     publish or ``Publisher.flush`` (until then the region presumes at the deadline)."""
 
 
+class RankResult(ResultModel):
+    """One rank's part of a sharded publish."""
+
+    rank: int
+    stored_bytes: int
+    """Bytes of the payload file this rank wrote (its blocks, encoded)."""
+    tensor_bytes: int
+    """Bytes of the blocks it held and encoded."""
+    encode_seconds: float
+    encode_cpu_seconds: float
+    """CPU time of the thread that encoded (without the codec's extra threads)."""
+
+
 class PublishResult(ResultModel):
     """One snapshot, published: what it is and what every region did with it."""
 
@@ -122,6 +135,8 @@ class PublishResult(ResultModel):
     """Steps handed to ``publish`` before this one and never published: the publisher was
     behind, so this newer step replaced them (a direct delta from the last snapshot
     published, or a Full). Their handles resolve to this result."""
+    ranks: list[RankResult] = Field(default_factory=list)
+    """A sharded publish: what each rank encoded (empty for one process)."""
 
     @property
     def ratio(self) -> float:

@@ -59,6 +59,8 @@ class PublisherSettings:
     endpoints: Mapping[str, str] = field(default_factory=dict)
     """Context → the endpoint the publisher writes that region's bucket at (overrides
     the RolloutDeployment's)."""
+    rank_timeout_s: float = 60.0
+    """Sharded publish: a rank whose heartbeat stops for this long fails the round."""
 
     def __post_init__(self) -> None:
         if not self.contexts:
@@ -76,8 +78,12 @@ class PublisherSettings:
             raise ConfigError("endpoints given for unknown contexts", contexts=unknown)
         if self.max_pending < 1 or self.encode_threads < 1 or self.upload_concurrency < 1:
             raise ConfigError("max_pending, encode_threads and upload_concurrency are >= 1")
-        if self.wait_timeout_s <= 0:
-            raise ConfigError("the wait timeout must be positive", timeout=self.wait_timeout_s)
+        if self.wait_timeout_s <= 0 or self.rank_timeout_s <= 0:
+            raise ConfigError(
+                "timeouts must be positive",
+                wait_timeout_s=self.wait_timeout_s,
+                rank_timeout_s=self.rank_timeout_s,
+            )
         check_prefix(self.prefix)
 
     @property

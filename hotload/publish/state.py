@@ -52,6 +52,9 @@ class PendingSnapshot(_Model):
     """Its encoded directory, kept until every region has it."""
     uploaded: bool = False
     """Already in the bucket this region reads (or the home bucket, with replication)."""
+    rank_buckets: list[tuple[str, str | None]] | None = None
+    """A sharded snapshot: the buckets (url, endpoint) its ranks wrote their files to;
+    only those can receive it (the encoded directory holds the coordinator's files only)."""
 
 
 class PendingSwitch(_Model):

@@ -45,7 +45,7 @@ def capture(weights: Mapping[str, Any] | Path, dtype: str | None = None) -> Capt
         raise ConfigError("the state_dict is empty")
     import torch
 
-    target = _torch_dtype(dtype) if dtype else None
+    target = torch_dtype(dtype) if dtype else None
     tensors: dict[str, Any] = {}
     for name, tensor in weights.items():
         if not isinstance(tensor, torch.Tensor):
@@ -57,7 +57,7 @@ def capture(weights: Mapping[str, Any] | Path, dtype: str | None = None) -> Capt
     return CapturedWeights(tensors=tensors)
 
 
-def _torch_dtype(name: str) -> Any:
+def torch_dtype(name: str) -> Any:
     import torch
 
     value = getattr(torch, name.removeprefix("torch."), None)

@@ -120,7 +120,8 @@ def test_a_parted_delta_patches_held_arrays(models: dict[str, Path]) -> None:
 
 
 def test_a_parted_delta_patches_torch_tensors(models: dict[str, Path]) -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     from hotload.snapshot.torch_codec import patch_state_dict
 
     with mapped_shards(models["r1"], ["model.safetensors"]) as index:
