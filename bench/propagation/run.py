@@ -39,12 +39,13 @@ import platform
 import re
 import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -63,6 +64,7 @@ from hotload.local import LocalRegions, Region, down, up  # noqa: E402
 from hotload.local import chart as hotload_chart  # noqa: E402
 from hotload.local.bootstrap import api_client  # noqa: E402
 from hotload.local.processes import read_records  # noqa: E402
+from hotload.local.reaper import start_reaper  # noqa: E402
 from hotload.local.runtime.launcher import settings_for  # noqa: E402
 from hotload.local.runtime.process_ledger import ProcessLedger  # noqa: E402
 from hotload.operator.workload import label_selector  # noqa: E402
@@ -197,6 +199,17 @@ def scrape(text: str) -> dict[str, float]:
     return samples
 
 
+def _requests(samples: dict[str, float], resource: str, verb: str) -> float:
+    """The API server's requests of one resource (all its subresources) and verb."""
+    return sum(
+        v
+        for k, v in samples.items()
+        if k.startswith("apiserver_request_total{")
+        and f'resource="{resource}"' in k
+        and f'verb="{verb}"' in k
+    )
+
+
 def total(samples: dict[str, float], name: str, where: str = "") -> float:
     return sum(v for k, v in samples.items() if k.split("{")[0] == name and where in k)
 
@@ -315,6 +328,12 @@ class Counters:
         def server(name: str, where: str = "") -> float:
             return total(self.apiserver, name, where) - total(before.apiserver, name, where)
 
+        def requests(resource: str, verb: str) -> float:
+            """Requests of ``resource`` (its subresources too) with ``verb``."""
+            return _requests(self.apiserver, resource, verb) - _requests(
+                before.apiserver, resource, verb
+            )
+
         return {
             "operator_status_writes": op("hotload_operator_status_writes_total"),
             "operator_deployment_status_writes": op(
@@ -325,6 +344,8 @@ class Counters:
             "operator_cpu_seconds": self.cpu - before.cpu,
             "apiserver_requests_all_clients": server("apiserver_request_total"),
             "apiserver_patches_all_clients": server("apiserver_request_total", 'verb="PATCH"'),
+            "apiserver_pod_patches": requests("pods", "PATCH"),
+            "apiserver_pod_gets": requests("pods", "GET"),
         }
 
 
@@ -334,6 +355,7 @@ class Counters:
 @dataclass
 class SizeResult:
     replicas: int
+    region: str = ""
     snapshots: list[dict[str, Any]] = field(default_factory=list)
     samples_s: list[float] = field(default_factory=list)
     first_full_all_ready_s: float | None = None
@@ -341,6 +363,7 @@ class SizeResult:
     ledger_bytes: int | None = None
     deployment_status_bytes: int | None = None
     peak_rss_mib: dict[str, float] = field(default_factory=dict)
+    sidecar_memory: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         per_snapshot = [s["all_ready_s"] for s in self.snapshots if s["all_ready_s"]]
@@ -363,6 +386,7 @@ class SizeResult:
         }
         return {
             "replicas": self.replicas,
+            "region": self.region,
             "snapshots": len(self.snapshots),
             "samples": len(self.samples_s),
             "apply_to_target_set_median_s": round(statistics.median(target_set), 3)
@@ -380,10 +404,16 @@ class SizeResult:
             else None,
             "median_cost_per_snapshot": {k: round(v, 3) for k, v in costs.items()},
             "median_cpu_seconds_per_snapshot_by_component": cpu_by_component,
+            "load_average_1m_median": round(
+                statistics.median(s.get("load_average_1m", math.nan) for s in self.snapshots), 2
+            )
+            if self.snapshots
+            else None,
             "first_full_all_ready_s": self.first_full_all_ready_s,
             "ledger_bytes_per_snapshot_object": self.ledger_bytes,
             "deployment_status_bytes": self.deployment_status_bytes,
             "operator_peak_rss_mib": self.peak_rss_mib,
+            "sidecar_memory": self.sidecar_memory,
             "rolling_restart": self.restart,
         }
 
@@ -465,63 +495,21 @@ class Bench:
             raise SystemExit(f"{identity} did not reach all {replicas} replicas in time")
         return times
 
-    def run_size(self, replicas: int, snapshots: int, restart_pods: int) -> SizeResult:
-        namespace = f"hl-bench-{replicas}"
-        bucket = self.work / f"bucket-{replicas}"
-        bucket.mkdir(parents=True)
-        chain = TinyChain(bucket, self.work / f"trainer-{replicas}", name=f"p{replicas}")
-        result = SizeResult(replicas)
-        with self.deployment(namespace, replicas, bucket):
-            watcher = PodWatcher(self.api, namespace)
-            try:
-                full = asyncio.run(chain.publish(0, full=True))
-                began = self.apply(namespace, full)
-                times = self.wait_all(watcher, full.identity, replicas)
-                result.first_full_all_ready_s = round(max(times.values()) - began, 2)
-                log(f"N={replicas}: Full everywhere after {result.first_full_all_ready_s} s")
-                active = self.active_operator()
-                for step in range(1, snapshots + 1):
-                    snapshot = asyncio.run(chain.publish(step))
-                    time.sleep(1.0)  # let the previous rollout's trailing writes settle
-                    before = Counters.read(self.region, self.api, active)
-                    began = self.apply(namespace, snapshot)
-                    times = self.wait_all(watcher, snapshot.identity, replicas)
-                    time.sleep(3.0)  # the operator's trailing status writes belong to it
-                    after = Counters.read(self.region, self.api, active)
-                    samples = [t - began for t in times.values()]
-                    result.samples_s += samples
-                    result.snapshots.append(
-                        {
-                            "identity": snapshot.identity,
-                            "target_set_s": self.target_set_after(namespace, snapshot.identity),
-                            "first_ready_s": round(min(samples), 3),
-                            "p50_s": round(percentile(samples, 50), 3),
-                            "p99_s": round(percentile(samples, 99), 3),
-                            "all_ready_s": round(max(samples), 3),
-                            "cost": after.minus(before),
-                            "cpu_seconds_by_component": after.cpu_by_component(before),
-                        }
-                    )
-                    log(f"N={replicas} {snapshot.identity}: p50 {percentile(samples, 50):.2f} s, "
-                        f"all {max(samples):.2f} s, cost {after.minus(before)}")  # fmt: skip
-                last = result.snapshots[-1]["identity"]
-                body = self.custom.get_namespaced_custom_object(
-                    GROUP, VERSION, namespace, "policysnapshots", last
-                )
-                result.ledger_bytes = len(json.dumps(body))
-                rd = self.custom.get_namespaced_custom_object(
-                    GROUP, VERSION, namespace, "rolloutdeployments", DEPLOYMENT
-                )
-                result.deployment_status_bytes = len(json.dumps(rd.get("status") or {}))
-                result.peak_rss_mib = {
-                    pod.name: round(peak_rss_mib(pod.pid), 1)
-                    for pod in operator_pods(self.region, self.api)
-                }
-                result.restart = self.rolling_restart(watcher, namespace, last, replicas,
-                                                      restart_pods)  # fmt: skip
-            finally:
-                watcher.stop()
-        return result
+    def finish(self, result: SizeResult, namespace: str, last: str) -> None:
+        """What is measured once per size: object sizes, operators' and sidecars' memory."""
+        body = self.custom.get_namespaced_custom_object(
+            GROUP, VERSION, namespace, "policysnapshots", last
+        )
+        result.ledger_bytes = len(json.dumps(body))
+        rd = self.custom.get_namespaced_custom_object(
+            GROUP, VERSION, namespace, "rolloutdeployments", DEPLOYMENT
+        )
+        result.deployment_status_bytes = len(json.dumps(rd.get("status") or {}))
+        result.peak_rss_mib = {
+            pod.name: round(peak_rss_mib(pod.pid), 1)
+            for pod in operator_pods(self.region, self.api)
+        }
+        result.sidecar_memory = sidecar_memory(self.region, result.replicas)
 
     def rolling_restart(
         self, watcher: PodWatcher, namespace: str, identity: str, replicas: int, sample: int
@@ -559,13 +547,130 @@ class Bench:
         return measured
 
 
-def bring_up(state: Path, nodes: int) -> LocalRegions:
-    for base in range(231, 254):
+def run_size(
+    benches: list[Bench], replicas: int, snapshots: int, restart_pods: int
+) -> list[SizeResult]:
+    """One size in every region at once: the same snapshots applied to all, ms apart."""
+    namespace = f"hl-bench-{replicas}"
+    work = benches[0].work
+    bucket = work / f"bucket-{replicas}"
+    bucket.mkdir(parents=True)
+    chain = TinyChain(bucket, work / f"trainer-{replicas}", name=f"p{replicas}")
+    results = [SizeResult(replicas, bench.region.name) for bench in benches]
+    with ExitStack() as stack:
+        for bench in benches:
+            stack.enter_context(bench.deployment(namespace, replicas, bucket))
+        watchers = [PodWatcher(bench.api, namespace) for bench in benches]
+        for watcher in watchers:
+            stack.callback(watcher.stop)
+        full = asyncio.run(chain.publish(0, full=True))
+        began = [bench.apply(namespace, full) for bench in benches]
+        for bench, watcher, result, start in zip(benches, watchers, results, began, strict=True):
+            first = bench.wait_all(watcher, full.identity, replicas)
+            result.first_full_all_ready_s = round(max(first.values()) - start, 2)
+            log(f"N={replicas} {bench.region.name}: Full everywhere after "
+                f"{result.first_full_all_ready_s} s")  # fmt: skip
+        actives = [bench.active_operator() for bench in benches]
+        for step in range(1, snapshots + 1):
+            snapshot = asyncio.run(chain.publish(step))
+            time.sleep(1.0)  # let the previous rollout's trailing writes settle
+            before = [
+                Counters.read(b.region, b.api, a) for b, a in zip(benches, actives, strict=True)
+            ]
+            began = [bench.apply(namespace, snapshot) for bench in benches]
+            times = [
+                bench.wait_all(watcher, snapshot.identity, replicas)
+                for bench, watcher in zip(benches, watchers, strict=True)
+            ]
+            time.sleep(3.0)  # the operator's trailing status writes belong to it
+            after = [
+                Counters.read(b.region, b.api, a) for b, a in zip(benches, actives, strict=True)
+            ]
+            for index, result in enumerate(results):
+                samples = [t - began[index] for t in times[index].values()]
+                result.samples_s += samples
+                cost = after[index].minus(before[index])
+                result.snapshots.append(
+                    {
+                        "identity": snapshot.identity,
+                        "target_set_s": benches[index].target_set_after(
+                            namespace, snapshot.identity
+                        ),
+                        "first_ready_s": round(min(samples), 3),
+                        "p50_s": round(percentile(samples, 50), 3),
+                        "p99_s": round(percentile(samples, 99), 3),
+                        "all_ready_s": round(max(samples), 3),
+                        "cost": cost,
+                        "cpu_seconds_by_component": after[index].cpu_by_component(before[index]),
+                        "load_average_1m": round(os.getloadavg()[0], 2),
+                    }
+                )
+                log(f"N={replicas} {result.region} {snapshot.identity}: "
+                    f"first {min(samples):.2f} s, p50 {percentile(samples, 50):.2f} s, "
+                    f"all {max(samples):.2f} s, pod patches/replica "
+                    f"{cost['apiserver_pod_patches'] / replicas:.2f}, pod GETs "
+                    f"{cost['apiserver_pod_gets']:.0f}")  # fmt: skip
+        last = results[0].snapshots[-1]["identity"]
+        for bench, result, watcher in zip(benches, results, watchers, strict=True):
+            bench.finish(result, namespace, last)
+            if restart_pods > 0:
+                result.restart = bench.rolling_restart(
+                    watcher, namespace, last, replicas, restart_pods
+                )
+    return results
+
+
+def sidecar_memory(region: Region, replicas: int) -> dict[str, float]:
+    """The shared hosts' memory for ``replicas`` agents: resident set in all, per agent,
+    and per agent above what a host process holds before its first agent (the baseline:
+    a Python process that imported what a host imports)."""
+    rss = sum(rss_mib(pid) for pid in component_pids(region).get("shared host (sidecars)", []))
+    baseline = host_baseline_mib()
+    return {
+        "hosts_rss_mib": round(rss, 1),
+        "per_sidecar_mib": round(rss / replicas, 3) if replicas else math.nan,
+        "empty_host_mib": round(baseline, 1),
+        "per_sidecar_above_empty_host_mib": round((rss - baseline) / replicas, 3)
+        if replicas
+        else math.nan,
+    }
+
+
+def rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+_BASELINE: list[float] = []
+
+
+def host_baseline_mib() -> float:
+    """RSS of a fresh process that imported what a shared host runs (measured once)."""
+    if not _BASELINE:
+        code = (
+            "import hotload.local.runtime.shared_host_main, hotload.local.runtime.agent_factory,"
+            " hotload.sidecar, hotload.engines, hotload.kube;"
+            "print([l for l in open('/proc/self/status') if l.startswith('VmRSS:')][0])"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        fields = out.stdout.split()
+        _BASELINE.append(int(fields[1]) / 1024 if len(fields) >= 2 else 0.0)
+    return _BASELINE[0]
+
+
+def bring_up(state: Path, nodes: int, regions: int = 1) -> LocalRegions:
+    names = ["bench"] if regions == 1 else [f"bench-{i + 1}" for i in range(regions)]
+    for base in range(231, 254 - regions):
         try:
-            return up(["bench"], state_dir=state, index_base=base, nodes=nodes, gpus_per_node=8)
+            return up(names, state_dir=state, index_base=base, nodes=nodes, gpus_per_node=8)
         except RegionIndexTaken:
             continue
-    raise SystemExit("no free address index for the benchmark region")
+    raise SystemExit("no free address index for the benchmark regions")
 
 
 def main() -> None:
@@ -582,6 +687,15 @@ def main() -> None:
         type=int,
         default=30,
         help="Rolling-restart replacements measured per size.",
+    )
+    parser.add_argument(
+        "--regions", type=int, default=1, help="Regions run side by side (same snapshots)."
+    )
+    parser.add_argument(
+        "--host-schedule",
+        choices=["ranked", "fifo"],
+        default="ranked",
+        help="How each shared host orders its agents' blocking calls (docs/pod-runtime.md).",
     )
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--log-level", default="WARNING", help="Of the region's pods.")
@@ -607,6 +721,7 @@ def main() -> None:
     # The pods inherit the runtime's log level: a thousand agents logging every fetch at INFO
     # into one shared host would measure the logger. The operator logs warnings too.
     os.environ.setdefault("HOTLOAD_LOG_LEVEL", args.log_level)
+    os.environ["HOTLOAD_SHARED_HOST_SCHEDULE"] = args.host_schedule
     if args.agent == "echo":
         # Control plane only: each replica reports a target as loaded the moment it sees it.
         os.environ["HOTLOAD_RUNTIME_AGENT_FACTORY"] = "bench.propagation.echo_agent:run"
@@ -615,22 +730,26 @@ def main() -> None:
     nodes = max(1, -(-max(args.replicas) // PODS_PER_NODE)) + 1
     work = Path(tempfile.mkdtemp(prefix="hotload-bench-propagation-"))
     state = work / "state"
-    log(f"one region, {nodes} fake nodes, state {state}")
-    regions = bring_up(state, nodes)
-    region = regions.regions[0]
+    log(f"{args.regions} region(s), {nodes} fake nodes each, state {state}")
+    reaper = start_reaper(state)  # should this process be killed, it takes the regions down
+    regions = bring_up(state, nodes, args.regions)
     results: list[SizeResult] = []
     try:
-        hotload_chart.install([region], CHART)
-        hotload_chart.wait_operator([region], CHART, timeout_s=args.timeout)
-        with api_client(region) as api:
-            bench = Bench(region, api, work, args.timeout)
+        hotload_chart.install(regions.regions, CHART)
+        hotload_chart.wait_operator(regions.regions, CHART, timeout_s=args.timeout)
+        with ExitStack() as stack:
+            benches = [
+                Bench(region, stack.enter_context(api_client(region)), work, args.timeout)
+                for region in regions.regions
+            ]
             for replicas in sorted(args.replicas):
                 count = args.snapshots or max(MIN_SNAPSHOTS, -(-MIN_SAMPLES // replicas))
                 log(f"N={replicas}: {count} deltas after a Full")
-                results.append(bench.run_size(replicas, count, args.restart_pods))
+                results += run_size(benches, replicas, count, args.restart_pods)
                 write_results(args, results)  # each size as soon as it is measured
     finally:
         down(state)
+        reaper.terminate()
 
 
 def write_results(args: argparse.Namespace, results: list[SizeResult]) -> None:
@@ -654,12 +773,18 @@ def write_results(args: argparse.Namespace, results: list[SizeResult]) -> None:
         "benchmark": "propagation: PolicySnapshot applied → each replica serves it (noop engine, "
         "shared mode, chart-installed operator)",
         "agent": args.agent,
+        "host_schedule": args.host_schedule,
+        "regions": args.regions,
         "command": " ".join(shlex.quote(part) for part in [sys.executable, *sys.argv]),
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "kernel": platform.release(), "note": "shared by other work; quote medians"},
-        "target": "at 1,000 replicas p50 < 5 s; cost per snapshot at most linear in replicas",
+        "target": "issue 27: at 1,000 replicas in one region p50 <= 10 s, p99 <= 20 s; "
+        "<= 1.2 pod writes per replica per delta, no per-replica periodic reads; the region's "
+        "CPU <= 25 ms per replica per snapshot; apply -> first replica Ready <= 1 s; "
+        "<= 2 MB per shared-mode sidecar",
         "baseline": "rolling restart of the same StatefulSet, measured the same way",
+        "load_average_at_write": [round(x, 2) for x in os.getloadavg()],
         "sizes": summaries,
         "growth_vs_smallest": growth,
         "per_snapshot": {str(r.replicas): r.snapshots for r in results},
@@ -678,15 +803,19 @@ def markdown(document: dict[str, Any]) -> str:
         "",
         f"Command: `{document['command']}`  ",
         f"When: {document['when']}; machine: {document['machine']['cpus']} CPUs, shared with "
-        "other work (medians and ratios, not single runs).",
+        "other work (medians and ratios, not single runs); load average when written: "
+        f"{document.get('load_average_at_write', '-')}.",
         "",
         f"Target: {document['target']}. Baseline: {document['baseline']}.",
         "",
-        "| replicas | samples | apply→target set (median) | apply→first replica (median) "
-        "| apply→Ready p50 | p99 | apply→all (median) | rolling restart p50 | operator status "
-        "writes / snapshot | operator API requests / snapshot | operator CPU s / snapshot "
-        "| all clients' API requests / snapshot | operator peak RSS MiB | PolicySnapshot bytes |",
-        "|" + "---|" * 14,
+        "| replicas | region | samples | apply→target set (median) | apply→first replica "
+        "(median) | apply→Ready p50 | p99 | apply→all (median) | rolling restart p50 "
+        "| operator status writes / snapshot | operator API requests / snapshot | operator CPU "
+        "s / snapshot | all clients' API requests / snapshot | pod writes / replica / snapshot "
+        "| pod GETs / snapshot | region CPU ms / replica / snapshot | sidecar MiB (above an "
+        "empty host) | operator peak RSS MiB | PolicySnapshot bytes | load average (1 min, "
+        "median over snapshots) |",
+        "|" + "---|" * 21,
     ]
     for size in document["sizes"]:
         cost = size["median_cost_per_snapshot"]
@@ -694,14 +823,25 @@ def markdown(document: dict[str, Any]) -> str:
         restart_p50 = restart.get("projected_p50_s", restart.get("p50_s"))
         projected = " (projected)" if "projected_p50_s" in restart else ""
         rss = max(size["operator_peak_rss_mib"].values(), default=None)
+        replicas = size["replicas"]
+        pod_writes = cost.get("apiserver_pod_patches")
+        per_replica = f"{pod_writes / replicas:.2f}" if pod_writes is not None else "-"
+        cpu = size.get("median_cpu_seconds_per_snapshot_by_component") or {}
+        region_cpu = sum(v for k, v in cpu.items() if k != "bench client")
+        memory = size.get("sidecar_memory") or {}
         lines.append(
-            f"| {size['replicas']} | {size['samples']} | {size['apply_to_target_set_median_s']} s "
+            f"| {replicas} | {size.get('region', '')} | {size['samples']} "
+            f"| {size['apply_to_target_set_median_s']} s "
             f"| {size['apply_to_first_replica_ready_median_s']} s "
             f"| {size['apply_to_ready_p50_s']} s | {size['apply_to_ready_p99_s']} s "
             f"| {size['apply_to_all_ready_median_s']} s | {restart_p50} s{projected} "
             f"| {cost.get('operator_status_writes')} | {cost.get('operator_api_requests')} "
             f"| {cost.get('operator_cpu_seconds')} | {cost.get('apiserver_requests_all_clients')} "
-            f"| {rss} | {size['ledger_bytes_per_snapshot_object']} |"
+            f"| {per_replica} | {cost.get('apiserver_pod_gets', '-')} "
+            f"| {region_cpu / replicas * 1000:.1f} "
+            f"| {memory.get('per_sidecar_above_empty_host_mib', '-')} "
+            f"| {rss} | {size['ledger_bytes_per_snapshot_object']} "
+            f"| {size.get('load_average_1m_median', '-')} |"
         )
     lines += ["", "Growth against the smallest size (cost per snapshot; 1.0 = flat):", ""]
     lines += ["| replicas | x replicas | status writes | operator API requests | operator CPU "
@@ -721,26 +861,28 @@ def markdown(document: dict[str, Any]) -> str:
 
 def _cpu_table(sizes: list[dict[str, Any]]) -> list[str]:
     """Where the machine's CPU goes per snapshot: each component's median CPU seconds, and
-    the total per replica (the whole region shares this machine's cores)."""
+    the region's total per replica (every process of the region but the bench's own
+    watching client; the whole region shares this machine's cores)."""
     key = "median_cpu_seconds_per_snapshot_by_component"
-    by_size: list[tuple[int, dict[str, float]]] = [
-        (s["replicas"], s[key]) for s in sizes if s.get(key)
-    ]
-    if not by_size:
+    rows = [(s["replicas"], s.get("region", ""), s[key]) for s in sizes if s.get(key)]
+    if not rows:
         return []
-    names = sorted({name for _, cpu in by_size for name in cpu})
+    names = sorted({name for _, _, cpu in rows for name in cpu})
     lines = [
         "",
         "CPU seconds per snapshot by process (median; every process of the region runs on "
         "this machine):",
         "",
-        "| replicas | " + " | ".join(names) + " | total | total per replica |",
-        "|---|" + "---|" * (len(names) + 2),
+        "| replicas | region | " + " | ".join(names) + " | region total (without the bench "
+        "client) | region per replica |",
+        "|---|---|" + "---|" * (len(names) + 2),
     ]
-    for replicas, cpu in by_size:
-        total = sum(cpu.values())
+    for replicas, region, cpu in rows:
+        total = sum(v for k, v in cpu.items() if k != "bench client")
         cells = " | ".join(f"{cpu.get(name, 0.0):.2f}" for name in names)
-        lines.append(f"| {replicas} | {cells} | {total:.2f} | {total / replicas * 1000:.1f} ms |")
+        lines.append(
+            f"| {replicas} | {region} | {cells} | {total:.2f} | {total / replicas * 1000:.1f} ms |"
+        )
     return lines
 
 
