@@ -72,6 +72,7 @@ STAGES = {
         ("context: model fit", "snapshot.codec.context", "choose_model"),
         ("context: model fit", "snapshot.codec.context", "fit_changes"),
         ("context: streams (C kernel)", "snapshot.codec.context_kernels", "encode_chunk"),
+        ("context: order-0 lengths (C)", "snapshot.codec.context_kernels", "stream_lengths"),
     ],
 }
 

@@ -1758,6 +1758,118 @@ done:
 }
 #undef MAX_GOLOMB
 
+/* ---- the order-0 streams' lengths ---------------------------------------------------
+ *
+ * stream_lengths(positions, values, lengths, width, golomb, value_k) -> (bytes, ...) |
+ * None: the length of the stream encode_chunk writes for each chunk with one class and no
+ * key (the model golomb, value_k), from the chunks' changes (positions: u32 buffers in
+ * the chunk, increasing; values: their zigzag differences; lengths: u64, each chunk's
+ * elements) without writing it: per change a sign bit, the magnitude's Exp-Golomb code
+ * (none for a unit class) and the Golomb code of the gap to the next change (the last to
+ * the chunk's end), after the first change's position. The encoder compares the order-0
+ * payload's length with the context one's and writes the order-0 streams only when they
+ * win. None where encode_chunk would refuse a change (a zero difference, a unit class's
+ * larger change): the caller writes the streams and gets its error. */
+
+/* Bits of value's Golomb code (put_golomb's). */
+static inline uint64_t
+golomb_bits(uint64_t value, const Golomb *g)
+{
+    if (g->m == 1)
+        return value + 1;
+    uint64_t q = golomb_quotient(g, value), low = value - q * g->m;
+    return q + 1 + (uint64_t)(low < g->cut ? g->b - 1 : g->b);
+}
+
+/* One chunk's stream bits into *bits: 0, 1 where encode_chunk would refuse a change. */
+static int
+order0_bits(const uint32_t *pos, const uint8_t *values, Py_ssize_t changes, int width,
+            uint64_t length, const Golomb *g, int k, uint64_t *bits)
+{
+    uint64_t total = golomb_bits(pos[0], g);
+    for (Py_ssize_t t = 0; t < changes; t++) {
+        uint64_t v = word_at(values, width, t), sign = v & 1, magnitude = (v >> 1) + sign;
+        if (v == 0 || (k == UNIT_MAGNITUDES && magnitude != 1))
+            return 1;
+        uint64_t next = t + 1 < changes ? pos[t + 1] : length;
+        total += 1 + golomb_bits(next - pos[t] - 1, g);
+        if (k != UNIT_MAGNITUDES)
+            total += exp_golomb_bits(magnitude - 1, k);
+    }
+    *bits = total;
+    return 0;
+}
+
+static PyObject *
+stream_lengths(PyObject *self, PyObject *args)
+{
+    PyObject *position_parts, *value_parts, *result = NULL;
+    Py_buffer lengths;
+    int width, k;
+    unsigned long long m;
+    Buffers positions = {0}, values = {0};
+    uint64_t *bits = NULL;
+    if (!PyArg_ParseTuple(args, "OOy*iKi", &position_parts, &value_parts, &lengths, &width, &m,
+                          &k))
+        return NULL;
+    if ((width != 1 && width != 2 && width != 4 && width != 8) || m < 1 ||
+        m > ((uint64_t)1 << 32) || (k > MAX_VALUE_K && k != UNIT_MAGNITUDES) || k < 0) {
+        fail("stream_lengths: parameters out of range");
+        goto done;
+    }
+    if (buffers_get(&positions, position_parts, 4) < 0 ||
+        buffers_get(&values, value_parts, width) < 0)
+        goto done;
+    Py_ssize_t chunks = positions.count;
+    const uint64_t *length = lengths.buf;
+    int agree = values.count == chunks && lengths.len == 8 * chunks;
+    for (Py_ssize_t i = 0; agree && i < chunks; i++) {
+        Py_ssize_t changes = positions.parts[i].len / 4;
+        const uint32_t *pos = positions.parts[i].buf;
+        agree = changes > 0 && values.parts[i].len == (Py_ssize_t)width * changes &&
+                length[i] <= 0xFFFFFFFFu;
+        for (Py_ssize_t t = 0; agree && t < changes; t++)
+            agree = pos[t] < length[i] && (t == 0 || pos[t] > pos[t - 1]);
+    }
+    if (!agree) {
+        fail("stream_lengths: positions, values and lengths disagree");
+        goto done;
+    }
+    bits = PyMem_Malloc(sizeof(uint64_t) * (size_t)(chunks + 1));
+    if (bits == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Golomb g;
+    golomb_init(&g, m, 0);
+    int refused = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; !refused && i < chunks; i++)
+        refused = order0_bits(positions.parts[i].buf, values.parts[i].buf,
+                              positions.parts[i].len / 4, width, length[i], &g, k, &bits[i]);
+    Py_END_ALLOW_THREADS
+    if (refused) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < chunks; i++)
+        bits[i] = (bits[i] + 7) / 8;
+    result = PyTuple_New(chunks);
+    for (Py_ssize_t i = 0; result != NULL && i < chunks; i++) {
+        PyObject *item = PyLong_FromUnsignedLongLong(bits[i]);
+        if (item == NULL)
+            Py_CLEAR(result);
+        else
+            PyTuple_SET_ITEM(result, i, item);
+    }
+done:
+    PyMem_Free(bits);
+    buffers_release(&positions);
+    buffers_release(&values);
+    PyBuffer_Release(&lengths);
+    return result;
+}
+
 /* ---- a sparse chunk's planes ----------------------------------------------------------
  *
  * sparse_planes(positions_u32, values, width) -> (gap_planes, planes): the byte planes of
@@ -2197,6 +2309,10 @@ static PyMethodDef methods[] = {
      "the context model of the chunks' changes (zigzag differences); keys and window None "
      "(one class, no key) or the chunks' keys and (rows, logs, per_key, changed, first, "
      "count, classes). None when a magnitude is too large for exact orders."},
+    {"stream_lengths", stream_lengths, METH_VARARGS,
+     "stream_lengths(positions, values, lengths_u64, width, golomb, value_k) -> (bytes, ...) "
+     "| None: each chunk's encode_chunk stream length with one class and no key, unwritten; "
+     "None where encode_chunk would refuse a change."},
     {"sparse_planes", sparse_planes, METH_VARARGS,
      "sparse_planes(positions_u32, values, width) -> (gap_planes, planes): a sparse chunk's "
      "byte planes, None for an all-zero one."},

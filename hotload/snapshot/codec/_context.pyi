@@ -67,6 +67,14 @@ def fit_finish(
     elements: int,
     window: tuple[bytes, Buffer, Buffer, bytes, int, int, int] | None,
 ) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None: ...
+def stream_lengths(
+    positions: Sequence[Buffer],
+    values: Sequence[Buffer],
+    lengths: Buffer,
+    width: int,
+    golomb: int,
+    value_k: int,
+) -> tuple[int, ...] | None: ...
 def sparse_planes(
     positions: Buffer, values: Buffer, width: int
 ) -> tuple[int, list[bytes | None]]: ...

@@ -102,16 +102,24 @@ def _fit(
     )
 
 
-def _assemble(
-    chunk_elements: int, model: ContextModel, counts: list[int], streams: list[bytes]
-) -> bytes:
+def _head(
+    chunk_elements: int, model: ContextModel, counts: list[int], lengths: list[int]
+) -> bytearray:
+    """The payload before its streams (``lengths``: each chunk's stream's, 0 without)."""
     head = bytearray()
     write_varint(chunk_elements, head)
     write_model(model, head)
-    for changes, stream in zip(counts, streams, strict=True):
+    for changes, length in zip(counts, lengths, strict=True):
         write_varint(changes, head)
         if changes:
-            write_varint(len(stream), head)
+            write_varint(length, head)
+    return head
+
+
+def _assemble(
+    chunk_elements: int, model: ContextModel, counts: list[int], streams: list[bytes]
+) -> bytes:
+    head = _head(chunk_elements, model, counts, [len(s) for s in streams])
     return bytes(head) + b"".join(streams)
 
 
@@ -166,30 +174,13 @@ def encode_changes(
     classes: int,
     executor: Executor | None = None,
     simd: bool = True,
+    model: ContextModel | None = None,
 ) -> bytes:
     """The same payload as :func:`encode`, from the changes one scan found per chunk
     (every chunk's changes collected; the key counts of ``dtype``'s key when
-    ``classes`` > 1)."""
-    key_shift, key_bits = key_of(dtype) if classes > 1 else (0, 0)
-    per_key = found.key_counts() if key_bits else None
-    changed = [c for c in found.chunks if c.count]
-    model = fit_changes(
-        [c.values for c in changed],
-        [c.keys for c in changed],
-        per_key,
-        len(previous),
-        key_shift=key_shift,
-        key_bits=key_bits,
-        classes=classes,
-    ) or _fit(
-        per_key,
-        len(previous),
-        found.previous_keys(previous, key_shift, key_bits) if key_bits else None,
-        found.magnitudes(previous.dtype),
-        key_shift=key_shift,
-        key_bits=key_bits,
-        classes=classes,
-    )
+    ``classes`` > 1). ``model``: the one :func:`order0_length` fitted (``classes`` 1)."""
+    if model is None:
+        model = _fit_found(previous, found, dtype=dtype, classes=classes)
 
     def one(index: int) -> bytes:
         chunk = found.chunks[index]
@@ -206,6 +197,57 @@ def encode_changes(
     indices = range(len(found.chunks))
     streams = map_jobs(executor, one, indices)
     return _assemble(chunk_elements, model, [c.count for c in found.chunks], streams)
+
+
+def order0_length(
+    previous: np.ndarray, found: TensorChanges, chunk_elements: int
+) -> tuple[int, ContextModel] | None:
+    """(the length of :func:`encode_changes`' payload with one class, its model) without
+    writing its streams (``_context.stream_lengths`` counts their bits): the encoder
+    writes the order-0 payload only when it is not longer than the context one. None
+    where the streams must be written to know (the kernels not built, a change the
+    kernel would refuse)."""
+    model = _fit_found(previous, found, dtype=None, classes=1)
+    changed = [c for c in found.chunks if c.count]
+    lengths = context_kernels.stream_lengths(
+        [c.positions for c in changed],
+        [c.values for c in changed],
+        [c.length for c in changed],
+        model,
+    )
+    if lengths is None:
+        return None
+    each = iter(lengths)
+    counts = [c.count for c in found.chunks]
+    head = _head(chunk_elements, model, counts, [next(each) if n else 0 for n in counts])
+    return len(head) + sum(lengths), model
+
+
+def _fit_found(
+    previous: np.ndarray, found: TensorChanges, *, dtype: str | None, classes: int
+) -> ContextModel:
+    """The model of ``classes`` classes for the changes a scan found (natively where
+    built, else :func:`choose_model` on arrays made of them)."""
+    key_shift, key_bits = key_of(dtype) if classes > 1 else (0, 0)
+    per_key = found.key_counts() if key_bits else None
+    changed = [c for c in found.chunks if c.count]
+    return fit_changes(
+        [c.values for c in changed],
+        [c.keys for c in changed],
+        per_key,
+        len(previous),
+        key_shift=key_shift,
+        key_bits=key_bits,
+        classes=classes,
+    ) or _fit(
+        per_key,
+        len(previous),
+        found.previous_keys(previous, key_shift, key_bits) if key_bits else None,
+        found.magnitudes(previous.dtype),
+        key_shift=key_shift,
+        key_bits=key_bits,
+        classes=classes,
+    )
 
 
 def parse(payload: memoryview, numel: int, width: int, *, tensor: str) -> list[ContextChunk]:

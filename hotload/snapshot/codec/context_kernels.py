@@ -9,6 +9,7 @@ of a malformed stream are :class:`~hotload.errors.DecodeFailed` either way.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Final
 
 import numpy as np
@@ -30,6 +31,7 @@ ENTRY_POINTS: Final = (
     "model_finish",
     "fit_prepare",
     "fit_finish",
+    "stream_lengths",
     "sparse_planes",
 )
 
@@ -124,3 +126,27 @@ def encode_chunk(
         )
         return stream
     return context_reference.encode_chunk(previous, model, positions, values)
+
+
+def stream_lengths(
+    positions: Sequence[np.ndarray],
+    values: Sequence[np.ndarray],
+    lengths: Sequence[int],
+    model: ContextModel,
+) -> tuple[int, ...] | None:
+    """The length of :func:`encode_chunk`'s stream for each chunk (``positions``: uint32,
+    increasing, in a chunk of ``lengths`` elements; at least one change each) under a
+    model of one class without a key, computed without writing it. None where the kernels
+    are not built, the model has a key, or the kernel would refuse a change (the caller
+    writes the streams then, and gets the same bytes or the same error)."""
+    if not NATIVE or model.key_bits or model.classes != 1 or not positions:
+        return None
+    found: tuple[int, ...] | None = _context.stream_lengths(
+        [np.ascontiguousarray(p, dtype=np.uint32).data for p in positions],
+        [np.ascontiguousarray(v).data for v in values],
+        np.asarray(lengths, dtype=np.uint64).data,
+        values[0].dtype.itemsize,
+        model.golomb[0],
+        model.value_k[0],
+    )
+    return found

@@ -20,7 +20,7 @@ import numpy as np
 
 from hotload.errors import DecodeFailed
 from hotload.snapshot.codec import changes, context, context_kernels, dense, sparse
-from hotload.snapshot.codec.context_model import MAX_CLASSES
+from hotload.snapshot.codec.context_model import MAX_CLASSES, ContextModel
 from hotload.snapshot.codec.jobs import map_jobs
 from hotload.snapshot.codec.transforms import apply_changes, zigzag_diff
 from hotload.snapshot.limits import DEFAULT_CHUNK_ELEMENTS, MAX_CHUNK_ELEMENTS
@@ -277,11 +277,23 @@ def _context_payload(
     else:
         scanned = found
 
-        def make(classes: int) -> bytes:
+        def make(classes: int, model: ContextModel | None = None) -> bytes:
             return context.encode_changes(
-                old, scanned, size, dtype=dtype, classes=classes, executor=executor, simd=simd
+                old,
+                scanned,
+                size,
+                dtype=dtype,
+                classes=classes,
+                executor=executor,
+                simd=simd,
+                model=model,
             )
 
+        sized = context.order0_length(old, found, size) if options.context_classes > 1 else None
+        if sized is not None:  # order 0 written only where it is not longer (a tie: order 0)
+            length, model = sized
+            modelled = make(options.context_classes)
+            return make(1, model) if length <= len(modelled) else modelled
     return min((make(classes) for classes in sorted({1, options.context_classes})), key=len)
 
 

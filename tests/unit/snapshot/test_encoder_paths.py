@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hotload.snapshot import CodecId, CodecOptions
-from hotload.snapshot.codec import changes, context_kernels, sparse
+from hotload.snapshot.codec import changes, context, context_kernels, sparse
 from hotload.snapshot.codec.context_model import (
     EXPONENT_KEYS,
     choose_model,
@@ -444,6 +444,73 @@ def test_the_native_fit_refuses_arguments_that_disagree() -> None:
         _context.fit_finish(values, 2, keys, 16, [rows])
     with pytest.raises(TypeError):
         _context.fit_finish(values, 2, [None], 16, window)
+
+
+@pytest.mark.skipif(not context_kernels.NATIVE, reason="the native kernels are not built")
+@settings(max_examples=100, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    width=st.sampled_from([1, 2, 4, 8]),
+    shape=st.tuples(st.integers(1, 20_000), st.sampled_from([1, 7, 64, 1000, 4096, 1 << 20])),
+    moves=st.tuples(
+        st.sampled_from([1, 300, 20_000, 200_000]), st.sampled_from([2, 50, 1 << 20, 1 << 62])
+    ),
+)
+def test_the_order0_length_is_the_order0_payloads_length(
+    seed: int, width: int, shape: tuple[int, int], moves: tuple[int, int]
+) -> None:
+    """The encoder writes the order-0 payload only when its counted length is not above
+    the context one's: the count must be the written length exactly (Golomb parameters
+    1 and above, gaps past 2^16, magnitudes of every size and unit-only classes)."""
+    (n, chunk), (per_million, step) = shape, moves
+    rng = np.random.default_rng(seed)
+    word = np.dtype(f"u{width}")
+    old = rng.integers(0, np.iinfo(word).max, n, dtype=word, endpoint=True)
+    new = old.copy()
+    moved = rng.choice(n, max(1, n * per_million // 10**6), replace=False)
+    new[moved] += rng.integers(1, min(step, 1 << (8 * width - 1)), len(moved)).astype(word)
+    bounds = [(s, min(chunk, n - s)) for s in range(0, n, chunk)]
+    found = changes.scan_tensor(
+        new, old, bounds, key_shift=0, key_bits=0, count_keys=False, limit=n
+    )
+    sized = context.order0_length(old, found, chunk)
+    assert sized is not None
+    payload = context.encode_changes(old, found, chunk, dtype=None, classes=1)
+    assert sized[0] == len(payload)
+    assert context.encode_changes(old, found, chunk, dtype=None, classes=1, model=sized[1]) == (
+        payload
+    )
+
+
+@pytest.mark.skipif(not context_kernels.NATIVE, reason="the native kernels are not built")
+def test_the_order0_lengths_refuse_what_the_stream_writer_refuses() -> None:
+    from hotload.snapshot.codec import _context
+
+    positions = [np.array([0, 5], dtype=np.uint32)]
+    lengths = np.array([9], dtype=np.uint64)
+    two = [np.array([1, 2], dtype=np.uint16)]
+    assert _context.stream_lengths(positions, two, lengths, 2, 3, 0) is not None
+    # a zero difference, a unit class's larger change: the writer refuses them
+    assert (
+        _context.stream_lengths(positions, [np.array([0, 2], np.uint16)], lengths, 2, 3, 0) is None
+    )
+    assert (
+        _context.stream_lengths(positions, [np.array([1, 4], np.uint16)], lengths, 2, 3, 255)
+        is None
+    )
+    for bad in (
+        ([np.array([5, 0], dtype=np.uint32)], two, lengths),  # not increasing
+        ([np.array([0, 9], dtype=np.uint32)], two, lengths),  # past the chunk
+        (positions, [two[0][:1]], lengths),
+        (positions, two, np.array([9, 9], dtype=np.uint64)),
+        ([positions[0][:0]], [two[0][:0]], lengths),  # a chunk without a change
+    ):
+        with pytest.raises(ValueError, match="disagree"):
+            _context.stream_lengths(*bad, 2, 3, 0)
+    with pytest.raises(ValueError, match="out of range"):
+        _context.stream_lengths(positions, two, lengths, 2, 0, 0)
+    with pytest.raises(ValueError, match="out of range"):
+        _context.stream_lengths(positions, two, lengths, 2, 3, 63)
 
 
 STALE = """
