@@ -122,6 +122,11 @@ def same_snapshot(
     return (a.identity, a.step, a.kind) == (b.identity, b.step, b.kind)
 
 
+def same_target(a: SnapshotRef | None, b: SnapshotRef | None) -> bool:
+    """Both no target, or the same snapshot (:func:`same_snapshot`)."""
+    return (a is None and b is None) or same_snapshot(a, b)
+
+
 def _digest_agrees(reported: str | None, expected: str | None) -> bool:
     return reported is None or expected is None or reported == expected
 
@@ -674,6 +679,7 @@ __all__ = [
     "next_step",
     "replica_state",
     "same_snapshot",
+    "same_target",
     "should_preempt",
     "staged_behind",
 ]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from hotload.api import LoadPath, ReplicaState, reasons
+from hotload.api import KvCachePolicy, LoadPath, ReplicaState, SnapshotRef, reasons
 from hotload.api.conditions import rfc3339
 from hotload.api.kinds import Identity
 from hotload.api.pod import (
@@ -33,6 +33,8 @@ from hotload.api.pod import (
     ANNOTATION_VIA,
     CONDITION_SNAPSHOT_READY,
 )
+from hotload.sidecar.planning import Hold, Serving, replica_state
+from hotload.sidecar.status import ErrorRecord
 
 #: Annotation values stay short: the message is for a human glancing at ``kubectl``.
 MESSAGE_LIMIT = 1024
@@ -140,3 +142,76 @@ def condition_patch(gate: ReadinessGate, last_transition: datetime) -> dict[str,
             ]
         }
     }
+
+
+@dataclass(frozen=True)
+class ReplicaReport:
+    """Everything the pod says about itself at one moment (``/status`` shows the same)."""
+
+    state: ReplicaState | None
+    since: datetime
+    """When ``state`` last changed."""
+    current: SnapshotRef | None
+    """What it serves, as the deployment's status would name it."""
+    via: LoadPath | None
+    reason: str | None
+    message: str | None
+    annotations: PodAnnotations
+    gate: ReadinessGate
+
+
+def replica_report(
+    target: SnapshotRef | None,
+    serving: Serving | None,
+    hold: Hold | None,
+    *,
+    previous: tuple[ReplicaState | None, datetime],
+    last_error: ErrorRecord | None = None,
+    now: datetime,
+    max_stale_steps: int | None,
+) -> ReplicaReport:
+    """The pod's report from what the agent knows (``previous``: the last state and since;
+    ``last_error``: the agent's last failure, which a Loading pod names while it retries
+    that failure of its target — why it is not there yet, for ``hotload ledger``)."""
+    state = replica_state(target, serving, hold)
+    since = now if previous[0] is not state else previous[1]
+    failed = state is ReplicaState.FAILED and hold is not None
+    reason = hold.reason if failed and hold else None
+    message = hold.message if failed and hold else None
+    retrying = (
+        last_error
+        if state is ReplicaState.LOADING
+        and target is not None
+        and last_error is not None
+        and last_error.transient
+        and last_error.target == target.identity
+        else None
+    )
+    current = (
+        SnapshotRef(
+            identity=serving.identity,
+            step=serving.step,
+            kind=serving.kind,
+            kv_cache_policy=target.kv_cache_policy if target else KvCachePolicy.ALL,
+        )
+        if serving is not None
+        else None
+    )
+    annotations = PodAnnotations(
+        served_identity=serving.identity if serving else None,
+        target_identity=target.identity if target else None,
+        state=state,
+        since=since,
+        via=serving.via if serving else None,
+        reason=reason or (retrying.reason if retrying else None),
+        message=message or (retrying.message if retrying else None),
+        failed_identity=hold.failed_identity if failed and hold else None,
+    )
+    gate = readiness_gate(
+        serving.step if serving else None,
+        serving.identity if serving else None,
+        target.step if target else None,
+        max_stale_steps,
+    )
+    via = serving.via if serving else None
+    return ReplicaReport(state, since, current, via, reason, message, annotations, gate)

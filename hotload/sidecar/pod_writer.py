@@ -35,7 +35,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -51,7 +51,7 @@ from hotload.api.pod import (
     CONDITION_SNAPSHOT_READY,
     SIDECAR_ANNOTATIONS,
 )
-from hotload.errors import KubeError, KubeNotFound
+from hotload.errors import HotloadError, KubeError, KubeNotFound
 from hotload.kube import kube_errors
 from hotload.kube.raw import read_json
 from hotload.retry import Backoff, RetryPolicy
@@ -156,6 +156,12 @@ def working_on_only(
     )
 
 
+def since_of(observed: ObservedPod | None) -> datetime | None:
+    """The ``since`` the Pod carried when read (None: none, or not a time)."""
+    since = observed.annotations.get(ANNOTATION_SINCE) if observed is not None else None
+    return parse_time(since) if since else None
+
+
 class PodWriter:
     """Background writer of one Pod's annotations and ``hotload.dev/SnapshotReady``."""
 
@@ -200,6 +206,20 @@ class PodWriter:
     @property
     def observed(self) -> ObservedPod | None:
         return self._observed
+
+    async def observe_at_start(self, delay: Callable[[int], float]) -> ObservedPod | None:
+        """Read the Pod once (a restarted sidecar picks up its report); retried after
+        ``delay(attempt)`` while transient, given up (None) when the API refuses for good."""
+        attempt = 0
+        while True:
+            try:
+                return await self.observe()
+            except HotloadError as err:
+                if not err.transient:
+                    log.error("cannot read own pod", extra={**self._context(), "error": str(err)})
+                    return None
+                await asyncio.sleep(delay(attempt))
+                attempt += 1
 
     async def observe(self) -> ObservedPod:
         """Read the Pod (a restarted sidecar resumes its report from it)."""

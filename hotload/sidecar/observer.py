@@ -1,0 +1,204 @@
+"""The engine's word: what its report means for what the pod may say, as a value.
+
+On every turn of the loop :meth:`EngineObserver.observe` asks the engine what it serves
+and lets the planner's :func:`~hotload.sidecar.planning.judge_engine` say what that
+means; it returns an :class:`~hotload.sidecar.memory.Observation` that the loop folds
+into the agent's memory. It changes no memory itself. What it may touch: the engine's
+report, the bucket's manifests (read only, through the loader), and staging's record of
+which buffer is served once the engine confirmed one.
+
+- The engine serves what the pod says: nothing to change.
+- It restarted, or names another snapshot than the pod says (same instance: a delta
+  patched in place whose answer was lost, a load by someone else): the observation says
+  ``lost`` (the pod drops its snapshot at once) and ``again``: the loop looks once more
+  as a restarted sidecar would, so a newer snapshot the engine verifiably serves is
+  adopted rather than overwritten by a reload of the older served buffer.
+- A load of unknown outcome landed, or (after a sidecar restart) the engine serves a
+  staged snapshot: that buffer becomes the served one.
+- It names a snapshot no buffer holds: trusted once its manifest (and the digest, where
+  the engine gives one) confirms it; while that check cannot conclude (the bucket does
+  not answer) the observation names it ``unconfirmed`` and the planner loads nothing
+  over it.
+
+An answer taken while a handover began or ended is stale: ``observe`` returns None.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from hotload.api import LoadPath
+from hotload.api.kinds import Identity
+from hotload.api.pod import ANNOTATION_SNAPSHOT, ANNOTATION_VIA
+from hotload.cancellation import run_in_thread
+from hotload.engines.protocol import Engine, EngineReport
+from hotload.errors import HotloadError, NotFound
+from hotload.sidecar.memory import Memory, Observation
+from hotload.sidecar.parts import AgentParts, log
+from hotload.sidecar.planning import Serving, Slot, Staged, Verdict, judge_engine
+from hotload.sidecar.status import EngineSeen
+from hotload.snapshot import manifest_digest
+
+
+class EngineObserver:
+    """Looks at the engine for one agent. ``memory`` reads the agent's memory as it is
+    now; ``observed`` the pod's report as the sidecar found it at start."""
+
+    def __init__(
+        self,
+        parts: AgentParts,
+        memory: Callable[[], Memory],
+        observed: Callable[[], dict[str, str]],
+    ) -> None:
+        self._parts = parts
+        self._memory = memory
+        self._observed = observed
+
+    async def observe(self) -> Observation | None:
+        """One look at the engine (None: no engine yet, or the answer is stale)."""
+        parts = self._parts
+        engine = parts.engine
+        if engine is None or parts.fence.handing:
+            return None
+        epoch = parts.fence.epoch
+        report = await self._report(engine, digest=False)
+        serving = self._memory().serving
+        named = report.identity if report is not None else None
+        if named is not None and (serving is None or serving.identity != named):
+            report = await self._report(engine, digest=True)
+        if parts.fence.moved(epoch):
+            return None  # a handover started or ended meanwhile: this answer is stale
+        memory = self._memory()
+        serving = memory.serving
+        seen = EngineSeen(
+            identity=report.identity if report else None,
+            instance_id=report.instance_id if report else None,
+            answered=report is not None,
+            at=datetime.now(UTC),
+        )
+        judgement = judge_engine(
+            serving, report, memory.buffers, weights_unknown=memory.weights_unknown
+        )
+        verdict = judgement.verdict
+        answers = verdict is not Verdict.UNREACHABLE
+        if report is None:
+            return Observation(seen, answers)
+        if verdict is Verdict.LOST:
+            log.warning(
+                "the engine does not serve what the pod says",
+                extra={**parts.context(), "detail": judgement.detail},
+            )
+            return Observation(seen, answers, lost=True, again=True)
+        if verdict in (Verdict.LANDED, Verdict.ADOPT) and judgement.slot is not None:
+            return await self._confirm(seen, judgement.slot, report, judgement.identity)
+        if verdict is Verdict.ADOPT_UNSTAGED:
+            return await self._adopt_unstaged(seen, report, epoch)
+        return Observation(seen, answers, lost=verdict is Verdict.EMPTY and serving is not None)
+
+    async def _report(self, engine: Engine, *, digest: bool) -> EngineReport | None:
+        try:
+            async with asyncio.timeout(self._parts.config.engine_report_timeout_s):
+                return await engine.report(digest=digest)
+        except (HotloadError, TimeoutError) as err:
+            log.info(
+                "the engine did not answer", extra={**self._parts.context(), "error": str(err)}
+            )
+            return None
+
+    async def _confirm(
+        self,
+        seen: EngineSeen,
+        slot: Slot,
+        report: EngineReport,
+        identity: Identity | None,
+    ) -> Observation:
+        """The engine serves the verified rebuild in ``slot``: that buffer is the served one."""
+        buffers = self._memory().buffers
+        staged = buffers.held(slot)
+        if staged is None:
+            return Observation(seen, True)
+        # A buffer handed with its outcome unknown stays handed (the engine may still be
+        # reading it) unless it is the one now confirmed.
+        handed = None if buffers.handed == slot else buffers.handed
+        await run_in_thread(self._parts.staging.set_roles, slot, handed)
+        log.info(
+            "the engine serves a staged snapshot",
+            extra={**self._parts.context(), "snapshot": staged.identity, "buffer": slot.value},
+        )
+        served = Serving(
+            staged.identity,
+            staged.step,
+            staged.kind,
+            self._via(identity),
+            slot,
+            report.instance_id,
+        )
+        return Observation(seen, True, served=served, roles=(slot, handed))
+
+    async def _adopt_unstaged(
+        self, seen: EngineSeen, report: EngineReport, epoch: int
+    ) -> Observation:
+        """The engine names a snapshot no buffer holds: trust it once its manifest (and
+        the digest, where the engine gives one) confirms it.
+
+        Concluded — adopted, or refuted (no such manifest, another digest: the served
+        buffer may then be reloaded over it) — or pending: no deployment yet, the bucket
+        did not answer (``unconfirmed``: nothing is loaded over it), or a load began or
+        ended meanwhile, which makes this report stale (``unconfirmed`` too)."""
+        parts = self._parts
+        identity = report.identity
+        key = (identity or "", report.instance_id)
+        deployment = parts.deployment
+        if identity is None or key in self._memory().unstaged_checked:
+            return Observation(seen, True)
+        if deployment is None:
+            return Observation(seen, True, unconfirmed=identity)
+        try:
+            manifest = await parts.ensure_loader(deployment).manifest(identity)
+        except HotloadError as err:
+            concluded = isinstance(err, NotFound) or not err.transient
+            log.info(
+                "the engine serves a snapshot this replica cannot confirm",
+                extra={
+                    **parts.context(),
+                    "snapshot": identity,
+                    "error": str(err),
+                    "retried": not concluded,
+                },
+            )
+            if concluded:
+                return Observation(seen, True, checked=key)
+            return Observation(seen, True, unconfirmed=identity)
+        if parts.fence.moved(epoch):
+            return Observation(seen, True, unconfirmed=identity)
+        if report.digest is not None and report.digest != manifest_digest(manifest):
+            log.warning(
+                "the engine's weights are not the snapshot it names",
+                extra={**parts.context(), "snapshot": identity},
+            )
+            return Observation(seen, True, checked=key)
+        staged = Staged(identity, manifest.step, manifest.kind, manifest_digest(manifest))
+        log.info(
+            "the engine serves a snapshot confirmed by its manifest; adopted",
+            extra={**parts.context(), "snapshot": identity},
+        )
+        served = Serving(
+            staged.identity,
+            staged.step,
+            staged.kind,
+            self._via(identity),
+            None,
+            report.instance_id,
+        )
+        return Observation(seen, True, served=served)
+
+    def _via(self, identity: Identity | None) -> LoadPath | None:
+        """How the pod said it got ``identity``, when a restarted sidecar adopts it."""
+        observed = self._observed()
+        if identity is not None and observed.get(ANNOTATION_SNAPSHOT) == identity:
+            with contextlib.suppress(ValueError):
+                return LoadPath(observed.get(ANNOTATION_VIA, ""))
+        return None
