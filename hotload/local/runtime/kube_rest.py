@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import aiohttp
@@ -96,35 +96,3 @@ class KubeRest:
 
     async def delete(self, path: str, body: Mapping[str, Any] | None = None) -> JsonObject:
         return await self.request("DELETE", path, body=dict(body) if body else None)
-
-    async def watch(
-        self, path: str, *, resource_version: str, params: Sequence[tuple[str, str]] = ()
-    ) -> AsyncIterator[JsonObject]:
-        """Events of one watch call from ``resource_version`` until the server ends it.
-
-        Raises ``KubeExpired`` (410) when the version is too old: the caller re-lists.
-        """
-        query = [
-            *params,
-            ("watch", "true"),
-            ("resourceVersion", resource_version),
-            ("allowWatchBookmarks", "true"),
-            ("timeoutSeconds", "300"),
-        ]
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=330)
-        with kube_errors(method="WATCH", path=path):
-            response = await self._send("GET", path, params=query, timeout=timeout)
-            try:
-                while True:
-                    line = await response.content.readline()
-                    if not line:
-                        return
-                    event = json.loads(line)
-                    if event.get("type") == "ERROR":
-                        status = event.get("object") or {}
-                        err = ApiException(status=int(status.get("code", 500)))
-                        err.body = json.dumps(status).encode()
-                        raise map_api_exception(err, method="WATCH", path=path)
-                    yield event
-            finally:
-                response.release()

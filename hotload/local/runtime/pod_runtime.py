@@ -25,10 +25,10 @@ from typing import Any, Final
 import httpx
 
 from hotload.kube import async_api_client
+from hotload.kube.reflector import OnEvent, OnList, Reflector
 from hotload.local.runtime.addresses import AddressPool
 from hotload.local.runtime.atomic_files import atomic_write_json
 from hotload.local.runtime.credentials import cluster_endpoint
-from hotload.local.runtime.informer import list_and_watch
 from hotload.local.runtime.kube_rest import KubeRest
 from hotload.local.runtime.ownership import is_ours
 from hotload.local.runtime.pod_worker import PodWorker, WorkerDeps
@@ -37,6 +37,7 @@ from hotload.local.runtime.service_ports import ServicePorts
 from hotload.local.runtime.settings import RuntimeSettings
 from hotload.local.runtime.shared_host_pool import SharedHosts
 from hotload.local.runtime.volumes import remove_stale_pod_dirs
+from hotload.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -96,21 +97,30 @@ class PodRuntime:
             shared=shared,
             on_change=lambda _worker: self.services.pods_changed(),
         )
+
+        def reflector(path: str, on_list: OnList, on_event: OnEvent, **params: str) -> Reflector:
+            return Reflector(
+                lambda: rest.client,
+                path,
+                on_list,
+                on_event,
+                params=list(params.items()),
+                retry=RetryPolicy(initial_s=0.2, maximum_s=5.0, jitter=0.0),
+                watch_timeout_s=300,
+            )
+
+        pods = reflector(
+            PODS_PATH,
+            lambda items, _: self._pods_listed_now(items),
+            self._pod_event,
+            fieldSelector="spec.nodeName!=",
+        )
+        services = reflector(
+            SERVICES_PATH, lambda items, _: self._services_listed_now(items), self._service_event
+        )
         watchers = [
-            asyncio.create_task(
-                list_and_watch(
-                    rest,
-                    PODS_PATH,
-                    self._pods_listed_now,
-                    self._pod_event,
-                    params=[("fieldSelector", "spec.nodeName!=")],
-                ),
-                name="pods",
-            ),
-            asyncio.create_task(
-                list_and_watch(rest, SERVICES_PATH, self._services_listed_now, self._service_event),
-                name="services",
-            ),
+            asyncio.create_task(pods.run(), name="pods"),
+            asyncio.create_task(services.run(), name="services"),
             asyncio.create_task(self._reconcile_services(), name="service ports"),
         ]
         try:

@@ -8,9 +8,9 @@ import pytest
 
 from hotload.api import ReplicaState
 from hotload.errors import ConfigError
+from hotload.kube.cache import Versioned, VersionedStore
 from hotload.operator.options import operator_options, priority_from_uid
 from hotload.operator.pods import pod_report
-from hotload.operator.store import Versioned, VersionedStore
 
 
 def pod_body(**annotations: str) -> dict[str, Any]:
@@ -147,22 +147,3 @@ def test_contradicting_flags_are_usage_errors(flags: dict[str, Any]) -> None:
     }  # fmt: skip
     with pytest.raises(ConfigError):
         operator_options(**{**base, **flags})
-
-
-def test_the_pod_watch_turns_an_expired_version_into_a_fresh_list() -> None:
-    from hotload.errors import KubeExpired
-    from hotload.operator.pod_watch import PodWatch
-
-    seen: list[tuple[str, str]] = []
-    watch = PodWatch(
-        lambda: None,  # type: ignore[arg-type,return-value]
-        "ns", "sel", lambda items, version: None,
-        lambda kind, pod: seen.append((kind, pod["metadata"]["name"])),
-    )  # fmt: skip
-    pod = {"metadata": {"name": "demo-0", "resourceVersion": "7"}}
-    assert watch._handle({"type": "MODIFIED", "object": pod}, "5") == "7"
-    assert watch._handle({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}},
-                         "7") == "9"  # fmt: skip
-    assert seen == [("MODIFIED", "demo-0")]
-    with pytest.raises(KubeExpired):
-        watch._handle({"type": "ERROR", "object": {"code": 410, "message": "too old"}}, "9")

@@ -1,9 +1,10 @@
-"""An in-memory view of a set of objects, fed by watch events and re-seeded by lists.
+"""The one cache: an in-memory view of a set of objects, fed by watch events and
+re-seeded by lists (:class:`hotload.kube.reflector.Reflector` feeds it).
 
-kopf delivers watch events, but after a pause (peering) or a lost watch it re-lists
-without telling which objects disappeared meanwhile. So each reconciler seeds its
-view with a LIST of its own (at start, after an API outage, and now and then) and keeps
-it current from events in between. Events and a list in flight race; the newer version
+A watch tells what changed, not what disappeared while it was down (kopf re-lists after
+a pause without saying). So a consumer seeds its view with every LIST (at start, after
+an expired version or an outage, and now and then) and keeps it current from events in
+between. Events and a list in flight race; the newer version
 of each object wins, where "newer" compares ``resourceVersion`` as etcd's revision
 numbers (what every apiserver returns, though the API calls them opaque; a value that
 is not a number is taken as newer, so the last writer wins), and a deletion seen in an

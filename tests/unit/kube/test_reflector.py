@@ -1,0 +1,32 @@
+"""The shared reflector's handling of one watch event (pure; the loop runs against real
+apiservers in the operator, sidecar and runtime integration tests).
+
+Would catch: a bookmark delivered as a change, an event that does not move the version,
+a 410 in the stream taken for an ordinary error (it must list again at once).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hotload.errors import KubeError, KubeExpired
+from hotload.kube.reflector import Reflector
+
+
+def test_the_pod_watch_turns_an_expired_version_into_a_fresh_list() -> None:
+    seen: list[tuple[str, str]] = []
+    watch = Reflector(
+        lambda: None,  # type: ignore[arg-type,return-value]
+        "/api/v1/namespaces/ns/pods", lambda items, version: None,
+        lambda kind, pod: seen.append((kind, pod["metadata"]["name"])),
+    )  # fmt: skip
+    pod = {"metadata": {"name": "demo-0", "resourceVersion": "7"}}
+    assert watch.handle({"type": "MODIFIED", "object": pod}, "5") == "7"
+    assert watch.handle({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}},
+                        "7") == "9"  # fmt: skip
+    assert seen == [("MODIFIED", "demo-0")]
+    with pytest.raises(KubeExpired):
+        watch.handle({"type": "ERROR", "object": {"code": 410, "message": "too old"}}, "9")
+    with pytest.raises(KubeError) as raised:
+        watch.handle({"type": "ERROR", "object": {"code": 500, "message": "boom"}}, "9")
+    assert not isinstance(raised.value, KubeExpired)
