@@ -204,7 +204,10 @@ def wait_ready(started: Sequence[tuple[ProcessSpec, ProcessRecord]], region: str
     """Wait until every started process is ready; fail fast when one exits or times out."""
     pending = list(started)
     began = time.monotonic()
-    while pending:
+
+    def all_ready() -> bool:
+        """Every process ready; raises when one exited or ran past its own timeout."""
+        nonlocal pending
         still: list[tuple[ProcessSpec, ProcessRecord]] = []
         for spec, record in pending:
             if not is_alive(record):
@@ -235,8 +238,12 @@ def wait_ready(started: Sequence[tuple[ProcessSpec, ProcessRecord]], region: str
                 )
             still.append((spec, record))
         pending = still
-        if pending:
-            time.sleep(0.2)
+        return not pending
+
+    # Each process's own timeout raises inside the probe; this bound is only a backstop.
+    longest = max((spec.ready_timeout_s for spec, _ in started), default=0.0)
+    if not wait_until(all_ready, longest + 1.0, interval_s=0.2):
+        raise LocalRegionError(f"not ready: {[spec.name for spec, _ in pending]}", region=region)
 
 
 def _signal_group(record: ProcessRecord, sig: signal.Signals) -> None:

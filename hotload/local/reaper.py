@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import select
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from hotload.local.processes import process_start_ticks
+from hotload.waiting import wait_until
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +39,7 @@ def wait_for_exit(pid: int, start_ticks: int) -> None:
         finally:
             os.close(fd)
         return
-    while process_start_ticks(pid) == start_ticks:
-        time.sleep(1.0)
+    wait_until(lambda: process_start_ticks(pid) != start_ticks, math.inf, interval_s=1.0)
 
 
 def start_reaper(state_dir: Path, owner_pid: int | None = None) -> subprocess.Popen[bytes]:

@@ -18,6 +18,7 @@ import os
 import subprocess
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
@@ -25,6 +26,7 @@ from hotload.errors import LocalRegionError
 from hotload.local import object_storage, wan
 from hotload.local.region import Region
 from hotload.local.tools import tool_path
+from hotload.waiting import wait_until
 
 log = logging.getLogger(__name__)
 
@@ -137,15 +139,9 @@ def wait_flowing(home: Region, replicas: Sequence[Region], *, timeout_s: float =
         attempt += 1
         body = f"{os.getpid()}-{time.time_ns()}-{attempt}".encode()
         source.put_object(Bucket=object_storage.BUCKET, Key=PROBE_KEY, Body=body)
-        waiting = set(clients)
-        attempt_ends = min(deadline, time.monotonic() + PROBE_ATTEMPT_S)
-        while waiting and time.monotonic() < attempt_ends:
-            for name in sorted(waiting):
-                if _holds(clients[name], body):
-                    waiting.discard(name)
-            if waiting:
-                time.sleep(0.05)
-        if not waiting:
+        arrived = partial(_arrived, clients, body, set(clients))
+        attempt_s = min(deadline - time.monotonic(), PROBE_ATTEMPT_S)
+        if wait_until(arrived, max(attempt_s, 0.0), interval_s=0.05):
             log.debug(
                 "bucket replication flows",
                 extra={"home": home.name, "probes": attempt, "seconds": time.monotonic() - started},
@@ -156,6 +152,12 @@ def wait_flowing(home: Region, replicas: Sequence[Region], *, timeout_s: float =
         extra={"home": home.name, "timeout_s": timeout_s, "probes": attempt},
     )
     return False
+
+
+def _arrived(clients: dict[str, Any], body: bytes, waiting: set[str]) -> bool:
+    """Drop from ``waiting`` every replica that holds ``body``; True once none is left."""
+    waiting.difference_update([name for name in sorted(waiting) if _holds(clients[name], body)])
+    return not waiting
 
 
 def _holds(client: Any, body: bytes) -> bool:

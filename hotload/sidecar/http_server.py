@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Iterator
 
 import httpx
@@ -18,6 +19,7 @@ import uvicorn
 from hotload.errors import ConfigError
 from hotload.sidecar.config import AgentConfig
 from hotload.sidecar.front import FrontSource, build_front
+from hotload.waiting import wait_until_async
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +54,11 @@ async def serve_front(
         )
     )
 
+    async def started() -> bool:
+        return bool(server.started)
+
     async def announce() -> None:
-        while not server.started:
-            await asyncio.sleep(0.02)
+        await wait_until_async(started, math.inf, interval_s=0.02)
         log.info(
             "sidecar HTTP listening",
             extra={"host": config.bind_host, "port": config.http_port, "pod": config.pod_name},
