@@ -25,7 +25,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
@@ -94,6 +94,151 @@ def _ready_message(ready: int, desired: int, identity: Identity, exact: bool) ->
     return f"{ready}/{desired} replicas serve {identity}{newer}"
 
 
+@dataclass(frozen=True)
+class _Facts:
+    """What the rules read: the snapshot, its verdict, its record, and the counts."""
+
+    info: SnapshotInfo
+    verdict: ChainVerdict
+    recorded_conditions: list[Mapping[str, Any]]
+    latched: bool
+    """``Ready`` is recorded True: it stays so."""
+    is_target: bool
+    reached_by_target: bool
+    """The target is this snapshot or a newer one."""
+    ready: int
+    desired: int
+
+
+ReadyRule = Callable[[_Facts], "cond.DesiredCondition | None"]
+"""One rule of the ``Ready`` chain: the condition when it applies, else None."""
+
+
+def _ready(
+    facts: _Facts, status: ConditionStatus, reason: str, message: str
+) -> cond.DesiredCondition:
+    return cond.DesiredCondition(READY, status, reason, message)
+
+
+def ready_latched(facts: _Facts) -> cond.DesiredCondition | None:
+    """A Ready snapshot stays Ready (its reason as recorded), counts kept current."""
+    if not facts.latched:
+        return None
+    previous = cond.find_wire(facts.recorded_conditions, READY) or {}
+    reason = str(previous.get("reason") or reasons.ROLLED)
+    exact = reason == reasons.ROLLED
+    message = _ready_message(facts.ready, facts.desired, facts.info.identity, exact)
+    return _ready(facts, ConditionStatus.TRUE, reason, message)
+
+
+def ready_reached(facts: _Facts) -> cond.DesiredCondition | None:
+    """Every desired replica serves it or a newer snapshot, and its chain is not broken:
+    ``Rolled`` while it is the target, ``Superseded`` once a newer one is."""
+    if facts.verdict.broken or not facts.reached_by_target or facts.ready < facts.desired:
+        return None
+    reason = reasons.ROLLED if facts.is_target else reasons.SUPERSEDED
+    message = _ready_message(facts.ready, facts.desired, facts.info.identity, facts.is_target)
+    return _ready(facts, ConditionStatus.TRUE, reason, message)
+
+
+def chain_invalid(facts: _Facts) -> cond.DesiredCondition | None:
+    """A broken snapshot never turns Ready."""
+    if not facts.verdict.broken:
+        return None
+    return _ready(facts, ConditionStatus.FALSE, reasons.CHAIN_INVALID, facts.verdict.message)
+
+
+def rolling(facts: _Facts) -> cond.DesiredCondition | None:
+    """The target, on its way."""
+    if not facts.is_target:
+        return None
+    message = _ready_message(facts.ready, facts.desired, facts.info.identity, exact=False)
+    return _ready(facts, ConditionStatus.FALSE, reasons.ROLLING, message)
+
+
+def pending(facts: _Facts) -> cond.DesiredCondition:
+    """Not the target (yet), or its chain is not known to be complete."""
+    verdict = facts.verdict
+    message = "not the target yet" if verdict.valid else f"waiting for its chain: {verdict.message}"
+    return _ready(facts, ConditionStatus.FALSE, reasons.PENDING, message)
+
+
+#: The ``Ready`` rules of a live snapshot, in order: the first that applies decides.
+READY_RULES: Final[tuple[ReadyRule, ...]] = (
+    ready_latched,
+    ready_reached,
+    chain_invalid,
+    rolling,
+    pending,
+)
+
+
+def as_recorded(facts: _Facts) -> cond.DesiredCondition:
+    """A frozen snapshot's ``Ready`` stays what was recorded (ChainInvalid if never set)."""
+    recorded = cond.find_wire(facts.recorded_conditions, READY)
+    if recorded is None:
+        return _ready(facts, ConditionStatus.FALSE, reasons.CHAIN_INVALID, facts.verdict.message)
+    return _ready(
+        facts,
+        ConditionStatus(recorded.get("status", "Unknown")),
+        str(recorded.get("reason") or reasons.ROLLED),
+        str(recorded.get("message") or ""),
+    )
+
+
+def phase_of(facts: _Facts, now_ready: bool) -> SnapshotPhase:
+    """Failed (broken), Ready, Rolling (the target), else Pending — in that order."""
+    if facts.verdict.broken:
+        return SnapshotPhase.FAILED
+    if now_ready:
+        return SnapshotPhase.READY
+    if facts.is_target:
+        return SnapshotPhase.ROLLING
+    return SnapshotPhase.PENDING
+
+
+def _live_ledger(
+    observed: ObservedSnapshot,
+    desired_pods: Sequence[PodReport],
+    order_of: OrderOf,
+    now: datetime,
+    live: bool,
+    coordinated: Identity | None,
+    corroborations: Mapping[str, Corroboration],
+) -> tuple[dict[str, WireEntry | None], int, int, int]:
+    """The ledger's patch and the ready, staged and late counts: folded while live (on
+    corroborated reports), else dropped and counted. ``coordinated``: the identity a
+    coordinated switch stages."""
+    info = observed.info
+    if live:
+        fold = fold_ledger(
+            desired_pods,
+            info.order,
+            order_of,
+            observed.ledger,
+            now,
+            coordinated,
+            corroborations=corroborations,
+        )
+        return ledger_patch(observed.ledger, fold.entries), fold.ready, fold.staged, fold.late
+    ready = sum(1 for pod in desired_pods if serves_at_least(pod, info.order, order_of))
+    staged = ready + sum(1 for pod in desired_pods if is_staged(pod, info.identity))
+    return {name: None for name in observed.ledger}, ready, staged, 0
+
+
+def _stamp(
+    propagation: dict[str, Any], facts: _Facts, *, live: bool, now_ready: bool, now: datetime
+) -> None:
+    """Each propagation time, written once: target set, first replica, all replicas."""
+    stamp = precise_time(now)
+    if facts.is_target:
+        propagation.setdefault(TARGET_SET_AT, stamp)
+    if facts.ready > 0 and live:
+        propagation.setdefault(FIRST_READY_AT, stamp)
+    if now_ready:
+        propagation.setdefault(ALL_READY_AT, stamp)
+
+
 def plan_snapshot_status(
     observed: ObservedSnapshot,
     verdict: ChainVerdict,
@@ -114,114 +259,46 @@ def plan_snapshot_status(
     target_order = snapshot_order(target.step, target.kind) if target is not None else None
     reached_by_target = target_order is not None and target_order >= info.order
     propagation: dict[str, Any] = dict(recorded.get("propagation") or {})
-    recorded_broken = (find := cond.find_wire(recorded_conditions, CHAIN_VALID)) is not None and (
-        find.get("status") == ConditionStatus.FALSE.value
+    recorded_broken = (chain := cond.find_wire(recorded_conditions, CHAIN_VALID)) is not None and (
+        chain.get("status") == ConditionStatus.FALSE.value
     )
+    # Frozen: Ready and past the target, or recorded broken: the record of how it went.
     # A sealed record stays as it is even when a rollback makes it the target again.
     frozen = (latched and not is_target) or recorded_broken or bool(recorded.get(SEALED_AT))
-
-    chain = cond.DesiredCondition(CHAIN_VALID, verdict.status, verdict.reason, verdict.message)
     ledger_changes: dict[str, WireEntry | None] = {}
     staged = late = 0
     if frozen:
         ready = int(recorded.get("readyReplicas") or 0)
         desired = int(recorded.get("desiredReplicas") or 0)
-        ready_condition = cond.find_wire(recorded_conditions, READY)
-        desired_conditions = [chain]
-        if ready_condition is not None:
-            desired_conditions.append(
-                cond.DesiredCondition(
-                    READY,
-                    ConditionStatus(ready_condition.get("status", "Unknown")),
-                    str(ready_condition.get("reason") or reasons.ROLLED),
-                    str(ready_condition.get("message") or ""),
-                )
-            )
-        else:
-            desired_conditions.append(
-                cond.DesiredCondition(
-                    READY, ConditionStatus.FALSE, reasons.CHAIN_INVALID, verdict.message
-                )
-            )
-        now_ready = latched
     else:
         desired = desired_replicas
         # Live: the target, what the target passed, what was ever targeted, and a snapshot
         # breaking now (its ledger records the replicas' failures before it freezes).
         live = is_target or reached_by_target or TARGET_SET_AT in propagation or verdict.broken
-        if live:
-            coordinated = info.identity if switch is not None else None
-            fold = fold_ledger(
-                desired_pods,
-                info.order,
-                order_of,
-                observed.ledger,
-                now,
-                coordinated,
-                corroborations=corroborations or {},
-            )
-            ledger_changes = ledger_patch(observed.ledger, fold.entries)
-            ready, staged, late = fold.ready, fold.staged, fold.late
-        else:
-            ledger_changes = {name: None for name in observed.ledger}
-            ready = sum(1 for pod in desired_pods if serves_at_least(pod, info.order, order_of))
-            staged = ready + sum(1 for pod in desired_pods if is_staged(pod, info.identity))
-        now_ready = latched or (not verdict.broken and reached_by_target and ready >= desired)
-        if now_ready:
-            if latched:
-                previous = cond.find_wire(recorded_conditions, READY) or {}
-                reason = str(previous.get("reason") or reasons.ROLLED)
-            else:
-                reason = reasons.ROLLED if is_target else reasons.SUPERSEDED
-            ready_cond = cond.DesiredCondition(
-                READY,
-                ConditionStatus.TRUE,
-                reason,
-                _ready_message(ready, desired, info.identity, reason == reasons.ROLLED),
-            )
-        elif verdict.broken:
-            ready_cond = cond.DesiredCondition(
-                READY, ConditionStatus.FALSE, reasons.CHAIN_INVALID, verdict.message
-            )
-        elif is_target:
-            ready_cond = cond.DesiredCondition(
-                READY,
-                ConditionStatus.FALSE,
-                reasons.ROLLING,
-                _ready_message(ready, desired, info.identity, exact=False),
-            )
-        else:
-            ready_cond = cond.DesiredCondition(
-                READY,
-                ConditionStatus.FALSE,
-                reasons.PENDING,
-                "not the target yet"
-                if verdict.valid
-                else f"waiting for its chain: {verdict.message}",
-            )
-        desired_conditions = [chain, ready_cond]
-        stamp = precise_time(now)
-        if is_target:
-            propagation.setdefault(TARGET_SET_AT, stamp)
-        if ready > 0 and live:
-            propagation.setdefault(FIRST_READY_AT, stamp)
-        if now_ready:
-            propagation.setdefault(ALL_READY_AT, stamp)
-
-    merged = cond.merge_conditions(
-        recorded_conditions, desired_conditions, observed_generation=observed.generation, now=now
+        coordinated = info.identity if switch is not None else None
+        ledger_changes, ready, staged, late = _live_ledger(
+            observed, desired_pods, order_of, now, live, coordinated, corroborations or {}
+        )
+    facts = _Facts(
+        info, verdict, recorded_conditions, latched, is_target, reached_by_target, ready, desired
     )
-    if verdict.broken:
-        phase = SnapshotPhase.FAILED
-    elif now_ready:
-        phase = SnapshotPhase.READY
-    elif is_target:
-        phase = SnapshotPhase.ROLLING
+    if frozen:
+        ready_cond = as_recorded(facts)
     else:
-        phase = SnapshotPhase.PENDING
+        ready_cond = next(c for rule in READY_RULES if (c := rule(facts)) is not None)
+    now_ready = ready_cond.status is ConditionStatus.TRUE
+    if not frozen:
+        _stamp(propagation, facts, live=live, now_ready=now_ready, now=now)
+    chain_cond = cond.DesiredCondition(CHAIN_VALID, verdict.status, verdict.reason, verdict.message)
+    merged = cond.merge_conditions(
+        recorded_conditions,
+        [chain_cond, ready_cond],
+        observed_generation=observed.generation,
+        now=now,
+    )
     fields: dict[str, Any] = {
         "observedGeneration": observed.generation,
-        "phase": phase.value,
+        "phase": phase_of(facts, now_ready).value,
         "desiredReplicas": desired,
         "readyReplicas": ready,
         "replicasSummary": f"{ready}/{desired}",

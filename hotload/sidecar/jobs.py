@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from hotload.api import LoadPath, ReplicaState, SnapshotRef, Transition
+from hotload.api.kinds import Identity
 from hotload.api.reasons import INTERNAL_ERROR
 from hotload.cancellation import Cancelled, CancelToken, run_cancellable, run_in_thread
 from hotload.engines.capabilities import PatchesInPlace, patches_in_place
@@ -50,6 +51,7 @@ from hotload.sidecar.parts import AgentParts, log
 from hotload.sidecar.planning import (
     Action,
     Failure,
+    FailureDecision,
     Job,
     Route,
     Slot,
@@ -567,6 +569,38 @@ class JobRunner:
 
     async def _failed(self, running: RunningJob, err: BaseException) -> Failed:
         """The planner's decision on a failure; its I/O done here, the rest returned."""
+        decision, message, snapshot = self._decide(running, err)
+        await self._settle(decision, running, message)
+        parts, target = self._parts, running.target
+        retry_at = None
+        if decision.action is Action.RETRY:
+            retry_at = asyncio.get_running_loop().time() + parts.delay(decision.backoff_attempt)
+        elif decision.action is Action.GIVE_UP:
+            log.warning(
+                "staging does not hold the served snapshot; a restarted engine reloads "
+                "the older served buffer",
+                extra={**parts.context(), "snapshot": target.identity if target else None},
+            )
+        elif decision.action is Action.FAIL and target is not None:
+            now = datetime.now(UTC)
+            parts.status.history.append(
+                SwapRecord(
+                    identity=target.identity,
+                    step=target.step,
+                    kind=target.kind.value,
+                    outcome=ReplicaState.FAILED,
+                    reason=decision.reason,
+                    started_at=now,
+                    finished_at=now,
+                )
+            )
+        return Failed(decision, target, message, snapshot, retry_at)
+
+    def _decide(
+        self, running: RunningJob, err: BaseException
+    ) -> tuple[FailureDecision, str, Identity | None]:
+        """The planner's :func:`after_failure` on ``err``: the decision, the message, and
+        the snapshot at fault; recorded in the metrics, ``/status`` and the log."""
         parts = self._parts
         memory = self._memory()
         error: BaseException = err
@@ -616,6 +650,11 @@ class JobRunner:
                 "snapshot": snapshot,
             },
         )
+        return decision, message, snapshot
+
+    async def _settle(self, decision: FailureDecision, running: RunningJob, message: str) -> None:
+        """What a failure means for the engine and staging, done at once."""
+        parts = self._parts
         if decision.weights_unknown:
             self._apply(WeightsLost())
         buffers = await asyncio.to_thread(parts.staging.buffers)
@@ -631,26 +670,3 @@ class JobRunner:
             # it; nothing else may still be reading that buffer.
             await run_in_thread(parts.staging.set_roles, buffers.served, None)
         await self.refresh()
-        retry_at = None
-        if decision.action is Action.RETRY:
-            retry_at = asyncio.get_running_loop().time() + parts.delay(decision.backoff_attempt)
-        elif decision.action is Action.GIVE_UP:
-            log.warning(
-                "staging does not hold the served snapshot; a restarted engine reloads "
-                "the older served buffer",
-                extra={**parts.context(), "snapshot": target.identity if target else None},
-            )
-        elif decision.action is Action.FAIL and target is not None:
-            now = datetime.now(UTC)
-            parts.status.history.append(
-                SwapRecord(
-                    identity=target.identity,
-                    step=target.step,
-                    kind=target.kind.value,
-                    outcome=ReplicaState.FAILED,
-                    reason=decision.reason,
-                    started_at=now,
-                    finished_at=now,
-                )
-            )
-        return Failed(decision, target, message, snapshot, retry_at)
