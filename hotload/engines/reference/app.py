@@ -28,12 +28,13 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from hotload.api.pod import SESSION_HEADER
@@ -69,225 +70,269 @@ def _sse(payload: dict[str, Any] | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
+@dataclass(frozen=True)
+class EngineState:
+    """What every route reads (``app.state.engine``): the runtime and how it is served."""
+
+    runtime: ReferenceRuntime
+    served_name: str
+    root: Path | None
+    """The pod's ``HOTLOAD_ROOT`` under the local runtime (paths are mapped through it)."""
+
+
+def _state(request: Request) -> EngineState:
+    state: EngineState = request.app.state.engine
+    return state
+
+
+router = APIRouter()
+
+
+def _answer(
+    status: int, *, reason: str | None = None, fallback: str | None = None
+) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
+    """An exception handler answering ``status`` with the error's reason word (or
+    ``reason``), and ``fallback`` when the caller should load the directory instead."""
+
+    async def handle(_: Request, err: Exception) -> JSONResponse:
+        body = {"detail": str(err), "reason": reason or getattr(err, "reason", "Error")}
+        if fallback is not None:
+            body["fallback"] = fallback
+        return JSONResponse(body, status_code=status)
+
+    return handle
+
+
+@router.get("/health")
+async def health(request: Request) -> dict[str, Any]:
+    return {"status": "ok", "identity": _state(request).runtime.identity}
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict[str, Any]:
+    served_name = _state(request).served_name
+    return {
+        "object": "list",
+        "data": [{"id": served_name, "object": "model", "owned_by": "hotload"}],
+    }
+
+
+def _choice(
+    kind: str, text: str, finish: str | None, token_ids: list[int], *, chunk: bool
+) -> dict[str, Any]:
+    if kind == "chat":
+        content: dict[str, Any] = {"role": "assistant", "content": text}
+        return {
+            "index": 0,
+            ("delta" if chunk else "message"): content,
+            "finish_reason": finish,
+            "token_ids": token_ids,
+        }
+    return {"index": 0, "text": text, "finish_reason": finish, "token_ids": token_ids}
+
+
+async def _generate(
+    state: EngineState,
+    kind: str,
+    prompt: list[int],
+    body: CompletionRequest | ChatRequest,
+    session: str | None,
+    max_tokens: int,
+) -> Any:
+    runtime, served_name = state.runtime, state.served_name
+    request = GenerationRequest(
+        prompt=tuple(prompt),
+        max_tokens=max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        session=session,
+    )
+    if len(prompt) >= runtime.max_context:
+        return JSONResponse({"detail": "the prompt is longer than the context"}, status_code=400)
+    if any(not 0 <= token < int(runtime.config.vocab_size) for token in prompt):
+        return JSONResponse(
+            {"detail": "a prompt token id is outside the vocabulary"}, status_code=400
+        )
+    stats = GenerationStats()
+    completion_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+    created = int(time.time())
+    obj = "chat.completion" if kind == "chat" else "text_completion"
+
+    if not body.stream:
+        texts: list[str] = []
+        ids: list[int] = []
+        finish: str | None = None
+        async with aclosing(runtime.generate(request, stats)) as tokens:
+            async for token in tokens:
+                texts.append(token.text)
+                ids.append(token.token_id)
+                finish = token.finish_reason
+        return {
+            "id": completion_id,
+            "object": obj,
+            "created": created,
+            "model": served_name,
+            "choices": [_choice(kind, "".join(texts), finish, ids, chunk=False)],
+            "usage": _usage(stats),
+            "hotload_identity": stats.identities[-1] if stats.identities else runtime.identity,
+            "hotload_identities": list(stats.identities),
+        }
+
+    async def events() -> AsyncIterator[bytes]:
+        chunk_obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        # aclosing: a client that goes away ends the generation at once (and its
+        # slot, which a WAIT pause counts), not whenever the generator is collected
+        async with aclosing(runtime.generate(request, stats)) as tokens:
+            async for token in tokens:
+                choice = _choice(
+                    kind, token.text, token.finish_reason, [token.token_id], chunk=True
+                )
+                payload: dict[str, Any] = {
+                    "id": completion_id,
+                    "object": chunk_obj,
+                    "created": created,
+                    "model": served_name,
+                    "choices": [choice],
+                    "hotload_identity": token.identity,
+                    "hotload_identities": [token.identity],
+                }
+                if token.finish_reason:
+                    payload["usage"] = _usage(stats)
+                yield _sse(payload)
+        yield _sse("[DONE]")
+
+    return StreamingResponse(
+        events(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
+    )
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(body: CompletionRequest, request: Request) -> Any:
+    prompt = tok.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
+    return await _generate(
+        _state(request),
+        "text",
+        prompt,
+        body,
+        request.headers.get(SESSION_HEADER),
+        body.max_tokens or DEFAULT_MAX_TOKENS,
+    )
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat(body: ChatRequest, request: Request) -> Any:
+    rendered = tok.render_chat([message.model_dump() for message in body.messages])
+    max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS
+    session = request.headers.get(SESSION_HEADER)
+    return await _generate(_state(request), "chat", tok.encode(rendered), body, session, max_tokens)
+
+
+@router.post("/admin/load")
+async def load(body: LoadRequest, request: Request) -> dict[str, Any]:
+    state = _state(request)
+    report = await state.runtime.load(
+        host_path(body.path, state.root), body.identity, body.kind, cache_policy=body.cache_policy
+    )
+    return {
+        "identity": report.identity,
+        "kind": report.kind.value,
+        "read_seconds": report.read_seconds,
+        "swap_seconds": report.swap_seconds,
+    }
+
+
+@router.post("/admin/apply_delta")
+async def apply_delta(body: DeltaRequest, request: Request) -> dict[str, Any]:
+    state = _state(request)
+    report = await state.runtime.apply_delta(
+        host_path(body.path, state.root), body.identity, cache_policy=body.cache_policy
+    )
+    return {
+        "identity": report.identity,
+        "kind": report.kind.value,
+        "patch_seconds": report.read_seconds,
+        "swap_seconds": report.swap_seconds,
+    }
+
+
+@router.post("/admin/pause")
+async def pause(body: PauseRequest, request: Request) -> dict[str, Any]:
+    await _state(request).runtime.pause(body.mode)
+    return {"paused": True, "mode": body.mode.value}
+
+
+@router.post("/admin/resume")
+async def resume(request: Request) -> dict[str, Any]:
+    await _state(request).runtime.resume()
+    return {"paused": False}
+
+
+@router.post("/admin/reset_cache")
+async def reset_cache(body: ResetCacheRequest, request: Request) -> dict[str, Any]:
+    dropped = _state(request).runtime.reset_cache(body.policy)
+    return {"policy": body.policy.value, "dropped": dropped}
+
+
+@router.get("/admin/identity")
+async def identity(request: Request, digest: bool = False) -> dict[str, Any]:
+    runtime = _state(request).runtime
+    if digest:
+        return await runtime.describe_with_digest()
+    return runtime.describe()
+
+
+@router.get("/admin/cache")
+async def cache(request: Request) -> dict[str, Any]:
+    return {"entries": _state(request).runtime.cache.describe()}
+
+
+@router.post("/admin/logits", response_model=None)
+async def logits(body: LogitsRequest, request: Request) -> dict[str, Any] | JSONResponse:
+    runtime = _state(request).runtime
+    if any(token >= int(runtime.config.vocab_size) for token in body.prompt_token_ids):
+        return JSONResponse({"detail": "a token id is outside the vocabulary"}, status_code=400)
+    digest, served = await runtime.logits(body.prompt_token_ids)
+    return {
+        "identity": served,
+        "sha256": digest.sha256,
+        "shape": list(digest.shape),
+        "last": digest.last,
+    }
+
+
+@router.post("/admin/swap_delay")
+async def swap_delay(body: SwapDelayRequest, request: Request) -> dict[str, Any]:
+    runtime = _state(request).runtime
+    runtime.swap_delay_s = body.seconds
+    return {"swap_delay_s": runtime.swap_delay_s}
+
+
+@router.post("/admin/token_delay")
+async def token_delay(body: SwapDelayRequest, request: Request) -> dict[str, Any]:
+    runtime = _state(request).runtime
+    runtime.token_delay_s = body.seconds
+    return {"token_delay_s": runtime.token_delay_s}
+
+
+@router.get("/admin/weights_digest")
+async def weights_digest(request: Request) -> dict[str, Any]:
+    digest, served = await _state(request).runtime.weights_digest()
+    return {"identity": served, "sha256": digest}
+
+
 def create_app(runtime: ReferenceRuntime, *, served_name: str, root: Path | None = None) -> FastAPI:
-    """The FastAPI app over ``runtime``.
+    """The FastAPI app over ``runtime``: the module's routes over one :class:`EngineState`.
 
     ``root`` is the pod's ``HOTLOAD_ROOT`` under the local runtime: the sidecar hands over
     paths under the staging mount, and they are mapped to this host through
     :func:`hotload.mounts.host_path` (the one place mount paths are mapped).
     """
     app = FastAPI(title="hotload reference engine", docs_url=None, redoc_url=None)
-
-    @app.exception_handler(EngineRejected)
-    async def rejected(_: Request, err: EngineRejected) -> JSONResponse:
-        return JSONResponse({"detail": str(err), "reason": err.reason}, status_code=422)
-
-    @app.exception_handler(DeltaNotApplicable)
-    async def not_in_place(_: Request, err: DeltaNotApplicable) -> JSONResponse:
-        body = {"detail": str(err), "reason": err.reason, "fallback": "load"}
-        return JSONResponse(body, status_code=422)
-
-    @app.exception_handler(ConfigError)
-    async def bad_path(_: Request, err: ConfigError) -> JSONResponse:
-        return JSONResponse({"detail": str(err), "reason": EngineRejected.reason}, status_code=422)
-
-    @app.exception_handler(EngineBusy)
-    async def busy(_: Request, err: EngineBusy) -> JSONResponse:
-        return JSONResponse({"detail": str(err), "reason": err.reason}, status_code=409)
-
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "identity": runtime.identity}
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [{"id": served_name, "object": "model", "owned_by": "hotload"}],
-        }
-
-    async def run(
-        kind: str,
-        prompt: list[int],
-        body: CompletionRequest | ChatRequest,
-        session: str | None,
-        max_tokens: int,
-    ) -> Any:
-        request = GenerationRequest(
-            prompt=tuple(prompt),
-            max_tokens=max_tokens,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            seed=body.seed,
-            session=session,
-        )
-        if len(prompt) >= runtime.max_context:
-            return JSONResponse(
-                {"detail": "the prompt is longer than the context"}, status_code=400
-            )
-        if any(not 0 <= token < int(runtime.config.vocab_size) for token in prompt):
-            return JSONResponse(
-                {"detail": "a prompt token id is outside the vocabulary"}, status_code=400
-            )
-        stats = GenerationStats()
-        completion_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        created = int(time.time())
-        obj = "chat.completion" if kind == "chat" else "text_completion"
-
-        def choice(
-            text: str, finish: str | None, token_ids: list[int], *, chunk: bool
-        ) -> dict[str, Any]:
-            if kind == "chat":
-                content: dict[str, Any] = {"role": "assistant", "content": text}
-                return {
-                    "index": 0,
-                    ("delta" if chunk else "message"): content,
-                    "finish_reason": finish,
-                    "token_ids": token_ids,
-                }
-            return {"index": 0, "text": text, "finish_reason": finish, "token_ids": token_ids}
-
-        if not body.stream:
-            texts: list[str] = []
-            ids: list[int] = []
-            finish: str | None = None
-            async with aclosing(runtime.generate(request, stats)) as tokens:
-                async for token in tokens:
-                    texts.append(token.text)
-                    ids.append(token.token_id)
-                    finish = token.finish_reason
-            return {
-                "id": completion_id,
-                "object": obj,
-                "created": created,
-                "model": served_name,
-                "choices": [choice("".join(texts), finish, ids, chunk=False)],
-                "usage": _usage(stats),
-                "hotload_identity": stats.identities[-1] if stats.identities else runtime.identity,
-                "hotload_identities": list(stats.identities),
-            }
-
-        async def events() -> AsyncIterator[bytes]:
-            chunk_obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-            # aclosing: a client that goes away ends the generation at once (and its
-            # slot, which a WAIT pause counts), not whenever the generator is collected
-            async with aclosing(runtime.generate(request, stats)) as tokens:
-                async for token in tokens:
-                    payload: dict[str, Any] = {
-                        "id": completion_id,
-                        "object": chunk_obj,
-                        "created": created,
-                        "model": served_name,
-                        "choices": [
-                            choice(token.text, token.finish_reason, [token.token_id], chunk=True)
-                        ],
-                        "hotload_identity": token.identity,
-                        "hotload_identities": [token.identity],
-                    }
-                    if token.finish_reason:
-                        payload["usage"] = _usage(stats)
-                    yield _sse(payload)
-            yield _sse("[DONE]")
-
-        return StreamingResponse(
-            events(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
-        )
-
-    @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest, request: Request) -> Any:
-        prompt = tok.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
-        return await run(
-            "text",
-            prompt,
-            body,
-            request.headers.get(SESSION_HEADER),
-            body.max_tokens or DEFAULT_MAX_TOKENS,
-        )
-
-    @app.post("/v1/chat/completions", response_model=None)
-    async def chat(body: ChatRequest, request: Request) -> Any:
-        rendered = tok.render_chat([message.model_dump() for message in body.messages])
-        max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS
-        return await run(
-            "chat", tok.encode(rendered), body, request.headers.get(SESSION_HEADER), max_tokens
-        )
-
-    @app.post("/admin/load")
-    async def load(body: LoadRequest) -> dict[str, Any]:
-        report = await runtime.load(
-            host_path(body.path, root), body.identity, body.kind, cache_policy=body.cache_policy
-        )
-        return {
-            "identity": report.identity,
-            "kind": report.kind.value,
-            "read_seconds": report.read_seconds,
-            "swap_seconds": report.swap_seconds,
-        }
-
-    @app.post("/admin/apply_delta")
-    async def apply_delta(body: DeltaRequest) -> dict[str, Any]:
-        report = await runtime.apply_delta(
-            host_path(body.path, root), body.identity, cache_policy=body.cache_policy
-        )
-        return {
-            "identity": report.identity,
-            "kind": report.kind.value,
-            "patch_seconds": report.read_seconds,
-            "swap_seconds": report.swap_seconds,
-        }
-
-    @app.post("/admin/pause")
-    async def pause(body: PauseRequest) -> dict[str, Any]:
-        await runtime.pause(body.mode)
-        return {"paused": True, "mode": body.mode.value}
-
-    @app.post("/admin/resume")
-    async def resume() -> dict[str, Any]:
-        await runtime.resume()
-        return {"paused": False}
-
-    @app.post("/admin/reset_cache")
-    async def reset_cache(body: ResetCacheRequest) -> dict[str, Any]:
-        dropped = runtime.reset_cache(body.policy)
-        return {"policy": body.policy.value, "dropped": dropped}
-
-    @app.get("/admin/identity")
-    async def identity(digest: bool = False) -> dict[str, Any]:
-        if digest:
-            return await runtime.describe_with_digest()
-        return runtime.describe()
-
-    @app.get("/admin/cache")
-    async def cache() -> dict[str, Any]:
-        return {"entries": runtime.cache.describe()}
-
-    @app.post("/admin/logits")
-    async def logits(body: LogitsRequest) -> dict[str, Any]:
-        if any(token >= int(runtime.config.vocab_size) for token in body.prompt_token_ids):
-            return JSONResponse(  # type: ignore[return-value]
-                {"detail": "a token id is outside the vocabulary"}, status_code=400
-            )
-        digest, served = await runtime.logits(body.prompt_token_ids)
-        return {
-            "identity": served,
-            "sha256": digest.sha256,
-            "shape": list(digest.shape),
-            "last": digest.last,
-        }
-
-    @app.post("/admin/swap_delay")
-    async def swap_delay(body: SwapDelayRequest) -> dict[str, Any]:
-        runtime.swap_delay_s = body.seconds
-        return {"swap_delay_s": runtime.swap_delay_s}
-
-    @app.post("/admin/token_delay")
-    async def token_delay(body: SwapDelayRequest) -> dict[str, Any]:
-        runtime.token_delay_s = body.seconds
-        return {"token_delay_s": runtime.token_delay_s}
-
-    @app.get("/admin/weights_digest")
-    async def weights_digest() -> dict[str, Any]:
-        digest, served = await runtime.weights_digest()
-        return {"identity": served, "sha256": digest}
-
+    app.state.engine = EngineState(runtime, served_name, root)
+    app.add_exception_handler(EngineRejected, _answer(422))
+    app.add_exception_handler(DeltaNotApplicable, _answer(422, fallback="load"))
+    app.add_exception_handler(ConfigError, _answer(422, reason=EngineRejected.reason))
+    app.add_exception_handler(EngineBusy, _answer(409))
+    app.include_router(router)
     return app

@@ -191,6 +191,8 @@ class ReferenceRuntime:
         self._admit.set()
         self._flow.set()
         self._active = 0
+        self._admitting = 0
+        """Generations waiting to be admitted (held by a pause)."""
         self._idle = asyncio.Condition()
         self._loading = False
         self._unwaited: set[asyncio.Future[LoadReport]] = set()
@@ -511,7 +513,11 @@ class ReferenceRuntime:
         """Yield tokens one by one; each names the weights that produced it."""
         if not request.prompt:
             raise ValueError("the prompt is empty")
-        await self._admit.wait()
+        self._admitting += 1
+        try:
+            await self._admit.wait()
+        finally:
+            self._admitting -= 1
         self._active += 1
         try:
             hit = self.cache.lookup(request.session, request.prompt)
@@ -616,6 +622,7 @@ class ReferenceRuntime:
             "kind": self.kind.value,
             "paused": self.paused,
             "active_generations": self._active,
+            "waiting_generations": self._admitting,
             "swaps": self.swaps,
             "deltas_applied": self.deltas_applied,
             "storage_dtype": rm.dtype_name(self.storage_dtype),

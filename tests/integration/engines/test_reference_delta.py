@@ -173,10 +173,25 @@ async def test_a_stream_in_flight_keeps_going_across_the_patch(
     full = await serving_full(engine, publish, "ds-1")
     current = rl_step(full, engine_workdir / "ds-2-weights", seed=2)
     delta = delta_of(full, current, engine_workdir / "ds-2", "ds-2", "ds-1")
-    stream = asyncio.create_task(complete(engine, "a long answer", max_tokens=48))
-    await engine.apply_delta(delta, "ds-2")
-    answer = await stream
-    assert answer["choices"][0]["text"] and answer["hotload_identities"][-1] in ("ds-1", "ds-2")
+    # Slow tokens (0.03 s each, 200 of them) so the patch lands inside the stream on any
+    # machine; the stream must then carry both identities, the old one first.
+    await admin(engine, "POST", "/admin/token_delay", {"seconds": 0.03})
+    try:
+        stream = asyncio.create_task(complete(engine, "a long answer", max_tokens=200))
+
+        async def generating() -> bool:
+            if stream.done():
+                raise AssertionError("the stream ended before the patch began")
+            return bool((await admin(engine, "GET", "/admin/identity"))["active_generations"])
+
+        assert await wait_until_async(generating, 30, interval_s=0.01), "never seen generating"
+        await engine.apply_delta(delta, "ds-2")
+        assert not stream.done(), "the stream ended before the patch did: nothing crossed"
+        answer = await stream
+    finally:
+        await admin(engine, "POST", "/admin/token_delay", {"seconds": 0.0})
+    assert answer["choices"][0]["text"]
+    assert answer["hotload_identities"] == ["ds-1", "ds-2"]
 
 
 @pytest.mark.parametrize("resign", [False, True])

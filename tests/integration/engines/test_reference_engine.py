@@ -262,8 +262,14 @@ async def test_pause_holds_a_stream_that_resumes_on_the_new_weights(
         state = await admin(engine, "GET", "/admin/identity")
         assert state["paused"] and state["active_generations"] >= 1
         queued = asyncio.create_task(complete(engine, "queued while paused"))
+
+        async def held() -> bool:
+            if queued.done():
+                raise AssertionError("a request sent while paused was answered at once")
+            return bool((await admin(engine, "GET", "/admin/identity"))["waiting_generations"])
+
+        assert await wait_until_async(held, 30, interval_s=0.01), "never seen waiting"
         await engine.load_weights(new, "step-2", kind=SnapshotKind.FULL)
-        await asyncio.sleep(0)  # let the queued request reach the server
         assert not queued.done()  # new requests wait while paused
         await engine.resume()
 
