@@ -527,7 +527,14 @@ async def test_8_a_sync_drain_has_a_limit_and_refusals_name_the_policy(fleet: Fl
     await token_delay(replica, 0.005)
     try:
         stream = asyncio.create_task(stream_labels(replica, 2000))
-        await asyncio.sleep(1.0)
+
+        async def streaming() -> bool:
+            if stream.done():
+                raise AssertionError("the stream ended before the swap was asked for")
+            engine = await engine_state(replica)
+            return bool(engine and engine["active_generations"])
+
+        await eventually(streaming, timeout=30, what="the stream to run in the engine")
         harness.set_target("slow", new.ref())
         await _drain_is_limited(fleet, replica, old, new, stream)
     finally:
@@ -581,7 +588,12 @@ async def test_8_an_engine_busy_swap_is_retried_without_rebuilding(fleet: Fleet)
 
     await swap_delay(replica, 4.0)
     busy = asyncio.create_task(foreign_load())
-    await asyncio.sleep(0.5)
+
+    async def loading() -> bool:
+        engine = await engine_state(replica)
+        return bool(engine and engine.get("loading") == current.identity)
+
+    await eventually(loading, timeout=30, what="the foreign load to hold the engine")
     harness.set_target("slow", nxt.ref())
     try:
         await harness.wait_state(replica, nxt.identity, "Ready", timeout=90)
