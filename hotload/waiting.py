@@ -47,14 +47,18 @@ async def wait_until_async(
     timeout_s: float,
     *,
     interval_s: float = DEFAULT_INTERVAL_S,
+    growth: float = 1.0,
+    max_interval_s: float | None = None,
 ) -> T:
     """Await ``probe()`` until it returns something truthy, or ``timeout_s`` seconds pass.
 
     Returns the probe's last value: truthy if it held, falsy at the deadline. Time is the
-    running loop's (``loop.time()``).
+    running loop's (``loop.time()``). ``growth`` > 1 lengthens the interval after each
+    probe, up to ``max_interval_s`` (a wait that is usually short, sometimes long).
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
+    interval = interval_s
     while True:
         result = await probe()
         if result:
@@ -62,4 +66,7 @@ async def wait_until_async(
         remaining = deadline - loop.time()
         if remaining <= 0:
             return result
-        await asyncio.sleep(min(interval_s, remaining))
+        await asyncio.sleep(min(interval, remaining))
+        interval *= growth
+        if max_interval_s is not None:
+            interval = min(interval, max_interval_s)

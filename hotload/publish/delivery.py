@@ -55,7 +55,7 @@ class Delivery:
     async def deliver(
         self,
         identity: str,
-        manifest: dict[str, object],
+        policy_snapshot: dict[str, object],
         encoded: Path,
         started: float,
         *,
@@ -68,7 +68,10 @@ class Delivery:
         uploads: _Uploads = {}
         runs = [self._region_run(context, uploads, started) for context in self._clients]
         item = PendingSnapshot(
-            identity=identity, manifest=manifest, encoded=str(encoded), rank_buckets=rank_buckets
+            identity=identity,
+            policy_snapshot=policy_snapshot,
+            encoded=str(encoded),
+            rank_buckets=rank_buckets,
         )
         results = await asyncio.gather(*(run.run(item.model_copy()) for run in runs))
         return {result.context: result for result in results}

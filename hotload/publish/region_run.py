@@ -25,6 +25,7 @@ from hotload.publish.region_client import RegionBucket, RegionClient, SnapshotSt
 from hotload.publish.results import RegionOutcome, RegionResult
 from hotload.publish.state import PendingSnapshot
 from hotload.snapshot.publish import UploadReport
+from hotload.waiting import wait_until_async
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ class RegionRun:
                 self.observer.region_progress(
                     self.context, Phase.CATCHING_UP if catching_up else Phase.APPLYING
                 )
-                snapshot = PolicySnapshot.model_validate(head.manifest)
+                snapshot = PolicySnapshot.model_validate(head.policy_snapshot)
                 await asyncio.to_thread(self.client.apply, snapshot)
             except PublishConflict as err:
                 # That identity is taken for good here: this region never gets it.
@@ -125,10 +126,19 @@ class RegionRun:
     async def _wait(
         self, identity: str, caught_up: list[str], base: dict[str, Any]
     ) -> RegionResult:
-        deadline = self.started + self.wait.timeout_s
+        """Read the region's PolicySnapshot until it is Ready, its chain breaks, the region
+        stops answering for ``unreachable_after_s``, or the wait's timeout passes."""
         silent_since: float | None = None
         last = SnapshotState(exists=True)
-        while True:
+
+        def counts() -> dict[str, Any]:
+            return {
+                "ready_replicas": last.ready_replicas,
+                "desired_replicas": last.desired_replicas,
+            }
+
+        async def settled() -> RegionResult | None:
+            nonlocal silent_since, last
             now = time.monotonic()
             try:
                 last = await asyncio.to_thread(self.client.snapshot_state, identity)
@@ -142,22 +152,18 @@ class RegionRun:
                         error=f"the region stopped answering while rolling out: {err}",
                         **base,
                     )
-            counts = {
-                "ready_replicas": last.ready_replicas,
-                "desired_replicas": last.desired_replicas,
-            }
             self.observer.region_progress(
                 self.context, Phase.ROLLING, last.ready_replicas, last.desired_replicas
             )
             if last.switch_decision is SwitchDecision.ABORTED:
                 error = "its coordinated switch was aborted: no replica switches to it"
                 return self._result(
-                    RegionOutcome.SWITCH_ABORTED, caught_up, error=error, **base, **counts
+                    RegionOutcome.SWITCH_ABORTED, caught_up, error=error, **base, **counts()
                 )
             if last.chain_valid is False:
                 error = f"{last.chain_reason}: {last.chain_message}"
                 return self._result(
-                    RegionOutcome.CHAIN_BROKEN, caught_up, error=error, **base, **counts
+                    RegionOutcome.CHAIN_BROKEN, caught_up, error=error, **base, **counts()
                 )
             if last.ready:
                 outcome = (
@@ -166,13 +172,15 @@ class RegionRun:
                     else RegionOutcome.READY
                 )
                 ready_s = round(now - self.started, 3)
-                return self._result(outcome, caught_up, ready_seconds=ready_s, **base, **counts)
-            if now > deadline:
-                error = f"not Ready within {self.wait.timeout_s:.0f} s"
-                return self._result(
-                    RegionOutcome.TIMED_OUT, caught_up, error=error, **base, **counts
-                )
-            await asyncio.sleep(POLL_S)
+                return self._result(outcome, caught_up, ready_seconds=ready_s, **base, **counts())
+            return None
+
+        remaining = self.started + self.wait.timeout_s - time.monotonic()
+        result = await wait_until_async(settled, max(remaining, 0.0), interval_s=POLL_S)
+        if result is not None:
+            return result
+        error = f"not Ready within {self.wait.timeout_s:.0f} s"
+        return self._result(RegionOutcome.TIMED_OUT, caught_up, error=error, **base, **counts())
 
     def _result(self, outcome: RegionOutcome, caught_up: list[str], **fields: Any) -> RegionResult:
         result = RegionResult.model_validate(

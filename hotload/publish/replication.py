@@ -4,9 +4,9 @@ that are still on their way; and write files replication is late with again."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
+from enum import Enum
 from pathlib import Path
 from typing import Final
 
@@ -15,11 +15,17 @@ from hotload.publish.region_buckets import RegionBuckets
 from hotload.publish.region_run import Landed
 from hotload.publish.state import PendingSnapshot
 from hotload.snapshot import MANIFEST_NAME, read_manifest
+from hotload.waiting import wait_until_async
 
 log = logging.getLogger(__name__)
 
 REPLICATION_POLL_S: Final = 0.2
 REPLICATION_POLL_MAX_S: Final = 2.0
+
+
+class _Copy(Enum):
+    ARRIVED = "arrived"
+    BLIND = "blind"
 
 
 class ReplicationWatch:
@@ -55,12 +61,13 @@ class ReplicationWatch:
             return True
         storage = self._buckets.storage(bucket)
         missing = {f"{item.identity}/{rel}" for rel in _listed(Path(item.encoded))}
-        started = time.monotonic()
-        deadline = started + self._timeout_s
         nudge_after = self._nudge_after_s
-        nudge_at = started + nudge_after if nudge_after > 0 else None
-        interval = REPLICATION_POLL_S
-        while True:
+        deadline = time.monotonic() + self._timeout_s
+        nudge_at = time.monotonic() + nudge_after if nudge_after > 0 else None
+
+        async def arrived() -> _Copy | None:
+            """ARRIVED once every file is there; BLIND when the replica cannot be read."""
+            nonlocal nudge_at
             for key in sorted(missing):
                 try:
                     await storage.stat(key)
@@ -73,21 +80,28 @@ class ReplicationWatch:
                         "cannot watch the region's copy arrive",
                         extra={"context": context, "error": str(err)[:200]},
                     )
-                    return False
+                    return _Copy.BLIND
                 missing.discard(key)
             if not missing:
-                return True
-            if time.monotonic() > deadline:
-                log.warning(
-                    "replication has not brought the region its copy yet; applying",
-                    extra={"context": context, "snapshot": item.identity},
-                )
-                return False
-            if nudge_at is not None and time.monotonic() >= nudge_at:
+                return _Copy.ARRIVED
+            if nudge_at is not None and nudge_at <= time.monotonic() < deadline:
                 await self._nudge(context, item, sorted(missing))
                 nudge_at = time.monotonic() + 2 * nudge_after
-            await asyncio.sleep(interval)
-            interval = min(REPLICATION_POLL_MAX_S, interval * 1.5)
+            return None
+
+        copy = await wait_until_async(
+            arrived,
+            self._timeout_s,
+            interval_s=REPLICATION_POLL_S,
+            growth=1.5,
+            max_interval_s=REPLICATION_POLL_MAX_S,
+        )
+        if copy is None:
+            log.warning(
+                "replication has not brought the region its copy yet; applying",
+                extra={"context": context, "snapshot": item.identity},
+            )
+        return copy is _Copy.ARRIVED
 
     async def _nudge(self, context: str, item: PendingSnapshot, missing: list[str]) -> None:
         """Write the files a region still lacks into the home bucket again: a new version

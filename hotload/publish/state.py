@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import IO, Final
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from hotload.api import SnapshotKind
 from hotload.errors import ConfigError
@@ -46,8 +46,11 @@ class PendingSnapshot(_Model):
     """A snapshot one region has not got yet, in publish order."""
 
     identity: str
-    manifest: dict[str, object]
-    """The PolicySnapshot to apply (its ``to_k8s()`` form)."""
+    policy_snapshot: dict[str, object] = Field(
+        validation_alias=AliasChoices("policy_snapshot", "manifest")
+    )
+    """The PolicySnapshot to apply (its ``to_k8s()`` form). Read from ``manifest`` too: the
+    name earlier versions gave it in state.json."""
     encoded: str
     """Its encoded directory, kept until every region has it."""
     uploaded: bool = False

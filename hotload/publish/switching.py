@@ -270,7 +270,7 @@ class SwitchCoordinator:
         """Put the decision on the snapshot still queued for ``context``; False if none is."""
         for item in self._state.pending.get(context, []):
             if item.identity == identity:
-                metadata = item.manifest.setdefault("metadata", {})
+                metadata = item.policy_snapshot.setdefault("metadata", {})
                 assert isinstance(metadata, dict)
                 metadata.setdefault("annotations", {})[decision.annotation] = decision.value
                 return True

@@ -63,3 +63,17 @@ async def test_async_gives_up_at_the_deadline_not_after() -> None:
 
     assert await wait_until_async(never, 2.5, interval_s=1.0) is None
     assert probes == pytest.approx([0.0, 1.0, 2.0, 2.5])
+
+
+@pytest.mark.looptime
+async def test_async_intervals_grow_up_to_their_cap() -> None:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    seen: list[float] = []
+
+    async def probe() -> bool:
+        seen.append(round(loop.time() - start, 6))
+        return False
+
+    await wait_until_async(probe, 10.0, interval_s=1.0, growth=2.0, max_interval_s=3.0)
+    assert seen == [0.0, 1.0, 3.0, 6.0, 9.0, 10.0]

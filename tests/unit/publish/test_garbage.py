@@ -1,10 +1,11 @@
 """``hotload gc``: what every region still needs stays; everything else of ours goes.
 
 Runs on real file:// buckets with real encoded snapshots; the regions are stand-ins that
-answer what their RolloutDeployment and PolicySnapshots say; the same deletions against
-real apiservers, one of them stopped, are tests/integration/publish/test_gc_regions.py. Would catch: deleting a link of a chain a lagging region
-still replays, deleting another publisher's prefixes, deleting a publish in flight, and
-deleting anything while a region does not answer.
+answer what their RolloutDeployment and PolicySnapshots say (the same deletions against
+real apiservers, one of them stopped, are tests/integration/publish/test_gc_regions.py).
+Would catch: deleting a link of a chain a lagging region still replays, deleting another
+publisher's prefixes, deleting a publish in flight, and deleting anything while a region
+does not answer.
 """
 
 from __future__ import annotations

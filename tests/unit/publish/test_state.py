@@ -6,6 +6,7 @@ that forgets what a region still has to get, a delta against weights that are go
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,9 @@ def test_state_round_trips_with_the_queue_of_each_region(tmp_path: Path) -> None
             weights=str(weights),
         ),
         chain=["run-step-0-full", "run-step-3"],
-        pending={"region-2": [PendingSnapshot(identity="run-step-3", manifest={}, encoded="/e")]},
+        pending={
+            "region-2": [PendingSnapshot(identity="run-step-3", policy_snapshot={}, encoded="/e")]
+        },
     )
     workdir.save(state)
     loaded = WorkDir(tmp_path).load("demo", "ns")
@@ -79,3 +82,22 @@ def test_an_unreadable_state_file_says_where_it_is(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unreadable") as caught:
         WorkDir(tmp_path).load("demo", "ns")
     assert caught.value.context["path"] == str(tmp_path / "state.json")
+
+
+def test_a_queue_written_before_the_rename_is_read(tmp_path: Path) -> None:
+    """Earlier versions' state.json names the queued PolicySnapshot ``manifest``."""
+    body = {"metadata": {"name": "run-step-3"}}
+    old = {
+        "deployment": "demo",
+        "namespace": "ns",
+        "pending": {"region-2": [{"identity": "run-step-3", "manifest": body, "encoded": "/e"}]},
+    }
+    (tmp_path / "state.json").write_text(json.dumps(old))
+    loaded = WorkDir(tmp_path).load("demo", "ns")
+    (queued,) = loaded.pending["region-2"]
+    assert queued.policy_snapshot == body
+    WorkDir(tmp_path).save(loaded)
+    assert (
+        "policy_snapshot"
+        in json.loads((tmp_path / "state.json").read_text())["pending"]["region-2"][0]
+    )
