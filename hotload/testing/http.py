@@ -16,8 +16,8 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
@@ -51,6 +51,30 @@ async def checked_body(request: Request, contract: EngineContract) -> Any:
 def refuse(err: ContractViolation) -> Response:
     """FastAPI's answer to a request its models refuse."""
     return JSONResponse({"detail": [{"msg": str(err), "type": "value_error"}]}, status_code=422)
+
+
+class _ChecksBodies(Protocol):
+    async def body_of(self, request: Request) -> Any: ...
+
+
+RouteWithBody = Callable[[Request, Any], Awaitable[Response]]
+
+
+def with_checked_body(handler: RouteWithBody) -> Callable[[Request], Awaitable[Response]]:
+    """A route whose body is first checked against the released route (``app.state.fake``'s
+    ``body_of``): the handler gets it, or the request gets the released server's 422."""
+
+    async def route(request: Request) -> Response:
+        fake: _ChecksBodies = request.app.state.fake
+        try:
+            body = await fake.body_of(request)
+        except ContractViolation as err:
+            return refuse(err)
+        return await handler(request, body)
+
+    route.__name__ = handler.__name__
+    route.__doc__ = handler.__doc__
+    return route
 
 
 def prompt_of(path: str, body: dict[str, Any]) -> str:

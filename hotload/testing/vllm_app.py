@@ -28,15 +28,15 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from hotload.errors import ConfigError, EngineRejected
 from hotload.mounts import host_path
-from hotload.testing.contract import ContractViolation, EngineContract, parse_bool_query
+from hotload.testing.contract import EngineContract, parse_bool_query
 from hotload.testing.http import (
     OpenAIShapes,
     add_test_controls,
     checked_body,
     max_tokens_of,
     prompt_of,
-    refuse,
     stream_generation,
+    with_checked_body,
 )
 from hotload.testing.state import (
     FakeEngineState,
@@ -126,13 +126,10 @@ async def health() -> Response:
 
 
 @router.post("/pause")
-async def pause(request: Request) -> Response:
+@with_checked_body
+async def pause(request: Request, _body: Any) -> Response:
     fake = _fake(request)
     state = fake.state
-    try:
-        await fake.body_of(request)
-    except ContractViolation as err:
-        return refuse(err)
     mode = _PAUSES[request.query_params.get("mode", "abort")]
     clear_cache = parse_bool_query(request.query_params.get("clear_cache", "true"))
     await state.pause(mode)
@@ -146,12 +143,9 @@ async def pause(request: Request) -> Response:
 
 
 @router.post("/resume")
-async def resume(request: Request) -> Response:
+@with_checked_body
+async def resume(request: Request, _body: Any) -> Response:
     fake = _fake(request)
-    try:
-        await fake.body_of(request)
-    except ContractViolation as err:
-        return refuse(err)
     await fake.state.resume()
     return JSONResponse({"status": "resumed"})
 
@@ -162,12 +156,9 @@ async def is_paused(request: Request) -> Response:
 
 
 @router.post("/collective_rpc")
-async def collective_rpc(request: Request) -> Response:
+@with_checked_body
+async def collective_rpc(request: Request, body: Any) -> Response:
     fake = _fake(request)
-    try:
-        body = await fake.body_of(request)
-    except ContractViolation as err:
-        return refuse(err)
     if body.get("method") != "reload_weights":
         message = f"the fake runs only reload_weights, not {body.get('method')!r}"
         return JSONResponse(error_body(message, "NotImplementedError", 501), 501)
@@ -181,12 +172,9 @@ async def collective_rpc(request: Request) -> Response:
 
 
 @router.post("/update_weight_version")
-async def update_weight_version(request: Request) -> Response:
+@with_checked_body
+async def update_weight_version(request: Request, body: Any) -> Response:
     fake = _fake(request)
-    try:
-        body = await fake.body_of(request)
-    except ContractViolation as err:
-        return refuse(err)
     fake.state.version = body["new_version"]
     return JSONResponse({"success": True, "new_version": fake.state.version})
 
@@ -197,13 +185,10 @@ async def weight_info(request: Request) -> Response:
 
 
 @router.post("/weight_checker")
-async def weight_checker(request: Request) -> Response:
+@with_checked_body
+async def weight_checker(request: Request, body: Any) -> Response:
     fake = _fake(request)
     state = fake.state
-    try:
-        body = await fake.body_of(request)
-    except ContractViolation as err:
-        return refuse(err)
     if body["action"] == "reset":
         state.store.scramble()
         state.digest = state.store.digest()
@@ -222,12 +207,9 @@ async def weight_checker(request: Request) -> Response:
 
 
 @router.get("/server_info")
-async def server_info(request: Request) -> Response:
+@with_checked_body
+async def server_info(request: Request, _body: Any) -> Response:
     fake = _fake(request)
-    try:
-        await fake.body_of(request)
-    except ContractViolation as err:
-        return refuse(err)
     instance_id, model = fake.state.instance_id, fake.options.model
     config: Any = {"instance_id": instance_id, "model_config": {"model": model}}
     if request.query_params.get("config_format", "text") == "text":
@@ -236,22 +218,16 @@ async def server_info(request: Request) -> Response:
 
 
 @router.post("/reset_prefix_cache")
-async def reset_prefix_cache(request: Request) -> Response:
+@with_checked_body
+async def reset_prefix_cache(request: Request, _body: Any) -> Response:
     fake = _fake(request)
-    try:
-        await fake.body_of(request)
-    except ContractViolation as err:
-        return refuse(err)
     return JSONResponse({"success": await fake.state.flush(timeout=0, ignore_held=False)})
 
 
 @router.post("/v1/load_lora_adapter")
-async def load_lora_adapter(request: Request) -> Response:
+@with_checked_body
+async def load_lora_adapter(request: Request, body: Any) -> Response:
     fake = _fake(request)
-    try:
-        body = await fake.body_of(request)
-    except ContractViolation as err:
-        return refuse(err)
     name, path = body["lora_name"], body["lora_path"]
     if name in fake.loras and not body.get("load_inplace", False):
         message = (
@@ -271,12 +247,9 @@ async def load_lora_adapter(request: Request) -> Response:
 
 
 @router.post("/v1/unload_lora_adapter")
-async def unload_lora_adapter(request: Request) -> Response:
+@with_checked_body
+async def unload_lora_adapter(request: Request, body: Any) -> Response:
     fake = _fake(request)
-    try:
-        body = await fake.body_of(request)
-    except ContractViolation as err:
-        return refuse(err)
     name = body["lora_name"]
     if fake.loras.pop(name, None) is None:
         message = f"The lora adapter '{name}' cannot be found."
@@ -296,13 +269,9 @@ async def models(request: Request) -> Response:
     return JSONResponse(contract.example("ModelList", data=cards))
 
 
-async def _generate(request: Request, chat: bool) -> Response:
+async def _generate(request: Request, body: Any, chat: bool) -> Response:
     fake = _fake(request)
     state, shapes, served = fake.state, fake.shapes, fake.served
-    try:
-        body = await fake.body_of(request)
-    except ContractViolation as err:
-        return refuse(err)
     model = body.get("model") or served
     if model != served and model not in fake.loras:
         message = f"The model `{model}` does not exist."
@@ -357,13 +326,15 @@ async def _generate(request: Request, chat: bool) -> Response:
 
 
 @router.post("/v1/completions")
-async def completions(request: Request) -> Response:
-    return await _generate(request, chat=False)
+@with_checked_body
+async def completions(request: Request, body: Any) -> Response:
+    return await _generate(request, body, chat=False)
 
 
 @router.post("/v1/chat/completions")
-async def chat_completions(request: Request) -> Response:
-    return await _generate(request, chat=True)
+@with_checked_body
+async def chat_completions(request: Request, body: Any) -> Response:
+    return await _generate(request, body, chat=True)
 
 
 def create_app(options: VLLMOptions, contract: EngineContract | None = None) -> FastAPI:
