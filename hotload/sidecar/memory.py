@@ -289,12 +289,12 @@ def fold(memory: Memory, fact: Fact) -> Memory:
         case Swapped():
             return _swapped(memory, fact)
         case Served(staged, via, slot, instance_id):
-            serving = Serving(staged.identity, staged.step, staged.kind, via, slot, instance_id)
-            return replace(memory, serving=serving, weights_unknown=False)
+            confirmed = Serving(staged.identity, staged.step, staged.kind, via, slot, instance_id)
+            return replace(memory, serving=confirmed, weights_unknown=False)
         case CaughtUp(slot):
-            serving = replace(memory.serving, slot=slot) if memory.serving is not None else None
+            moved = replace(memory.serving, slot=slot) if memory.serving is not None else None
             buffers = replace(memory.buffers, served=slot)
-            return replace(memory, buffers=buffers, serving=serving, fresh=False)
+            return replace(memory, buffers=buffers, serving=moved, fresh=False)
         case Refused(target):
             return replace(memory, refused=target)
         case Unusable(slot):

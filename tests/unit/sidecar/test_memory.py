@@ -19,6 +19,7 @@ from hotload.sidecar.memory import (
     Memory,
     Observation,
     RetryDue,
+    Served,
     Swapped,
     TargetSeen,
     Unusable,
@@ -137,3 +138,15 @@ def test_catching_up_makes_the_buffer_the_served_one() -> None:
 
 def replace_attempts(memory: Memory, attempts: Attempts) -> Memory:
     return replace(memory, attempts=attempts)
+
+
+def test_a_load_confirmed_mid_handover_serves_at_once_and_leaves_the_rest_to_the_swap() -> None:
+    held = Hold(ref("s2", 2), "EngineBusy", "busy", "s2")
+    memory = Memory(hold=held, attempts=Attempts(1, 0), weights_unknown=True)
+    served = Served(staged("s2", 2), LoadPath.DELTA, Slot.B, "i")
+    assert sets_serving(served)
+    memory = fold(memory, served)
+    assert memory.serving == Serving("s2", 2, SnapshotKind.INCREMENTAL, LoadPath.DELTA, Slot.B, "i")
+    assert not memory.weights_unknown
+    assert memory.hold == held and memory.attempts == Attempts(1, 0)
+    assert memory.buffers.served is None
