@@ -6,8 +6,8 @@
   Lease before it plans or writes; with kopf peering, daemons run on the peering leader;
 - watch-event handlers for the deployments, their owned objects and the PolicySnapshots
   hand each body to the fleet, which pokes the reconciler concerned. Replica pods are
-  watched by each reconciler itself (``pod_watch.py``: kopf's per-event cost is too high
-  for a thousand replicas).
+  watched by each reconciler itself (the shared ``hotload.kube.reflector``: kopf's
+  per-event cost is too high for a thousand replicas).
 
 The operator never writes pods; pods and owned objects are watched with a server-side
 label selector, so the operator sees only replicas and objects it made.
