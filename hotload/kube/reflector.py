@@ -11,7 +11,13 @@ a consumer keeps.
 
 The operator watches its replica pods with it (one per deployment, with the
 deployment's label selector), each sidecar its RolloutDeployment (a field selector on
-its name), the local pod runtime its region's pods and Services.
+its name) and its own Pod, the local pod runtime its region's pods and Services.
+
+``list_first=False`` skips the list: a watch without a ``resourceVersion`` starts with
+the objects as they are now (a synthetic ``ADDED`` each), which is all a consumer of one
+object by name needs, and works where RBAC grants ``watch`` but not ``list`` (the
+sidecar's own Pod: :mod:`hotload.sidecar.pod_writer`). An expiry or a failure then
+watches again from now, the same way.
 
 Raw JSON, not the generated models: a JSON parse is a few hundredths of a millisecond
 per object where a ``V1Pod`` costs about a millisecond (:mod:`hotload.kube.raw`), and
@@ -41,7 +47,8 @@ GONE: Final = 410
 
 Obj = dict[str, Any]
 OnList = Callable[[list[Obj], str], None]
-"""Called with every object of a fresh list and the list's resourceVersion."""
+"""Called with every object of a fresh list and the list's resourceVersion (never
+without a list: ``list_first=False``)."""
 OnEvent = Callable[[str, Obj], None]
 """Called with each watch event's type (ADDED, MODIFIED, DELETED) and object."""
 
@@ -51,17 +58,19 @@ class Reflector:
 
     ``api`` is called for every request (a client rebuilt after a token rotation is
     used at once); ``params`` are the collection's query (``labelSelector``,
-    ``fieldSelector``); ``listed`` is set after the first list.
+    ``fieldSelector``); ``listed`` is set after the first list (without a list: once
+    the first watch answered).
     """
 
     def __init__(
         self,
         api: Callable[[], ApiClient],
         path: str,
-        on_list: OnList,
+        on_list: OnList | None,
         on_event: OnEvent,
         *,
         params: Sequence[tuple[str, str]] = (),
+        list_first: bool = True,
         retry: RetryPolicy | None = None,
         watch_timeout_s: int = WATCH_TIMEOUT_S,
         context: Mapping[str, Any] | None = None,
@@ -72,6 +81,7 @@ class Reflector:
         self._on_list = on_list
         self._on_event = on_event
         self._params = list(params)
+        self._list_first = list_first
         self._backoff = Backoff(retry or RetryPolicy())
         self._what = what
         """Names it in the log: ``<what> failed, retrying``."""
@@ -79,13 +89,14 @@ class Reflector:
         self._context = {"path": path, **(context or {})}
         self.listed = asyncio.Event()
         self.lists = 0
-        """How many times it listed (the first sync, then after each expiry or failure)."""
+        """How many times it listed, or without a list watched from now (the first sync,
+        then after each expiry or failure)."""
 
     async def run(self) -> None:
-        """List, then watch; forever (until cancelled)."""
+        """List (unless ``list_first`` is off), then watch; forever (until cancelled)."""
         while True:
             try:
-                version = await self._list()
+                version = await self._list() if self._list_first else None
                 while True:
                     version = await self._watch(version)
                     self._backoff.reset()
@@ -125,6 +136,7 @@ class Reflector:
         return response
 
     async def _list(self) -> str:
+        assert self._on_list is not None  # list_first needs it
         with kube_errors(**self._context):
             response = await self._request(self._params, 60.0)
             try:
@@ -138,20 +150,25 @@ class Reflector:
         self._backoff.reset()
         return version
 
-    async def _watch(self, version: str) -> str:
-        """Watch from ``version`` until the server ends the stream; the last version seen."""
+    async def _watch(self, version: str | None) -> str | None:
+        """Watch from ``version`` (None: from now, the objects as they are first) until the
+        server ends the stream; the last version seen."""
         query = [
             *self._params,
             ("watch", "true"),
-            ("resourceVersion", version),
             ("allowWatchBookmarks", "true"),
             ("timeoutSeconds", str(self._watch_timeout_s)),
         ]
+        if version is None:
+            self.lists += 1
+        else:
+            query.append(("resourceVersion", version))
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=10, sock_read=self._watch_timeout_s + 30
         )
         with kube_errors(**self._context):
             response = await self._request(query, timeout)
+            self.listed.set()
             try:
                 while True:
                     line = await response.content.readline()
@@ -162,7 +179,7 @@ class Reflector:
             finally:
                 response.release()
 
-    def handle(self, event: Mapping[str, Any], version: str) -> str:
+    def handle(self, event: Mapping[str, Any], version: str | None) -> str | None:
         """One watch event: to ``on_event`` (bookmarks only move the version); the version
         now. ``KubeExpired`` for a 410 in the stream, ``KubeError`` for another error."""
         kind = str(event.get("type") or "")
@@ -173,7 +190,8 @@ class Reflector:
                 raise KubeExpired("watch version expired", status=GONE, **self._context)
             message = f"watch error: {obj.get('message', '')}"
             raise KubeError(message, status=code, **self._context)
-        new_version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+        seen = (obj.get("metadata") or {}).get("resourceVersion")
+        new_version = str(seen) if seen else version
         if kind in ("ADDED", "MODIFIED", "DELETED"):
             self._on_event(kind, obj)
         return new_version

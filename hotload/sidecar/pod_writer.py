@@ -3,9 +3,17 @@
 Level-triggered: the writer compares what the Pod holds with what the agent wants it to
 say, and patches on any difference — after the agent's own transitions, and also when
 another writer changed our annotations or our condition, or after an API server outage.
-It sees the Pod through a watch by name (:mod:`hotload.sidecar.pod_watch`: every change
-at once, no periodic reads), a patch's answer (the Pod as the server now holds it), and a
-read after a failed write.
+It sees the Pod through a watch by name, a patch's answer (the Pod as the server now
+holds it), and a read after a failed write.
+
+**A watch, not reads.** Reading the Pod back on a timer would cost the API server a GET
+per replica every few seconds for as long as it runs (100 reads a second for a thousand
+replicas every 10 s), and still repair late. A watch costs nothing while nobody writes
+and delivers every change at once: the API server's watch cache files a watch with a
+``metadata.name`` field selector under that name, so an event reaches this one watcher.
+It is the shared :class:`~hotload.kube.reflector.Reflector` without a list
+(``list_first=False``): a watch from now starts with the Pod as it is, all the writer
+needs, and the sidecar's RBAC grants ``watch`` on pods but not ``list``.
 
 **One write per report.** The whole report — the ``hotload.dev/*`` annotations and the
 ``hotload.dev/SnapshotReady`` condition — goes in one patch of ``pods/status`` (the API
@@ -54,6 +62,7 @@ from hotload.api.pod import (
 from hotload.errors import HotloadError, KubeError, KubeNotFound
 from hotload.kube import kube_errors
 from hotload.kube.raw import read_json
+from hotload.kube.reflector import Reflector
 from hotload.retry import Backoff, RetryPolicy
 from hotload.sidecar.pod_report import (
     PodAnnotations,
@@ -61,7 +70,6 @@ from hotload.sidecar.pod_report import (
     annotation_patch,
     condition_patch,
 )
-from hotload.sidecar.pod_watch import OwnPodWatch
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +206,17 @@ class PodWriter:
         self.reads = 0
         """GETs of the Pod (at start and after a failed write; the watch does the rest)."""
         self._gone = False
-        self.watch = OwnPodWatch(api, namespace, name, retry, self._seen, self._deleted)
+        self.watch = Reflector(
+            lambda: api,
+            f"/api/v1/namespaces/{namespace}/pods",
+            None,
+            self._event,
+            params=[("fieldSelector", f"metadata.name={name}")],
+            retry=retry,
+            list_first=False,
+            context=self._context(),
+            what="own pod watch",
+        )
 
     def _context(self) -> dict[str, Any]:
         return {"namespace": self.namespace, "pod": self.name}
@@ -232,6 +250,12 @@ class PodWriter:
         self._gone = False
         return self._observed
 
+    def _event(self, kind: str, pod: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self._gone = True
+        else:
+            self._seen(pod)
+
     def _seen(self, pod: dict[str, Any]) -> None:
         """The watch saw the Pod: a change of ours someone undid is repaired at once."""
         seen = _observed(pod)
@@ -242,9 +266,6 @@ class PodWriter:
         self._gone = False
         if self._differs(seen):
             self._changed.set()  # a repair (``settled`` waits for our own reports only)
-
-    def _deleted(self) -> None:
-        self._gone = True
 
     def publish(self, annotations: PodAnnotations, gate: ReadinessGate) -> None:
         """Ask for this report to be on the Pod (soon, in the background)."""
