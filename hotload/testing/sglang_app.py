@@ -58,20 +58,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from hotload.errors import ConfigError, EngineRejected
 from hotload.mounts import host_path
-from hotload.testing.contract import ContractViolation, EngineContract
+from hotload.testing.contract import EngineContract
 from hotload.testing.http import (
     OpenAIShapes,
     add_test_controls,
     checked_body,
     max_tokens_of,
     prompt_of,
-    refuse,
     stream_generation,
+    with_checked_body,
 )
 from hotload.testing.sglang_lora import (
     FakeLoraRegistry,
@@ -132,7 +132,367 @@ def auth_refusal(
     return None
 
 
+@dataclass
+class FakeSGLang:
+    """One fake server's state (``app.state.fake``): what every route reads."""
+
+    options: SGLangOptions
+    contract: EngineContract
+    state: FakeEngineState
+    shapes: OpenAIShapes
+    loras: FakeLoraRegistry
+
+    async def body_of(self, request: Request) -> Any:
+        return await checked_body(request, self.contract)
+
+    def local(self, path: str) -> Path:
+        return host_path(path, self.options.root)
+
+    def adapter_of(self, model: str, lora_path: Any) -> str | None:
+        """``serving_base._parse_model_parameter`` + ``_resolve_lora_path``: a ``model``
+        that is not the served name and holds a colon names an adapter (``base:adapter``)."""
+        adapter = lora_path if isinstance(lora_path, str) else None
+        served = self.state.served_name
+        if ":" in model and model != served:
+            prefix = f"{served}:"
+            adapter = model[len(prefix) :] if model.startswith(prefix) else model.split(":")[1]
+        return adapter or None
+
+    def lora_refusal(self, adapter: str | None) -> str | None:
+        if adapter is None:
+            return None
+        if not self.options.enable_lora:
+            return f"LoRA adapter '{adapter}' was requested, but LoRA is not enabled."
+        return self.loras.refusal(adapter)
+
+
+def _fake(request: Request) -> FakeSGLang:
+    fake: FakeSGLang = request.app.state.fake
+    return fake
+
+
+router = APIRouter()
+
+
+async def authenticate(request: Request, call_next: Any) -> Response:
+    """The release's ``decide_request_auth`` on every route it declares."""
+    fake = _fake(request)
+    options = fake.options
+    route = fake.contract.routes.get((request.method, request.url.path))
+    if route is not None and (options.api_key or options.admin_api_key):
+        status = auth_refusal(
+            route.auth,
+            request.url.path,
+            request.headers.get("authorization"),
+            options.api_key,
+            options.admin_api_key,
+        )
+        if status is not None:
+            error = "Unauthorized" if status == 401 else "Forbidden"
+            return JSONResponse({"error": error}, status_code=status)
+    response: Response = await call_next(request)
+    return response
+
+
+@router.get("/ready")
+async def ready(request: Request) -> Response:
+    # is_ready(): not paused and healthy (tokenizer_manager.py:732-734).
+    return Response(status_code=503 if _fake(request).state.paused is not None else 200)
+
+
+@router.get("/ping")
+async def ping() -> Response:
+    # is_healthy() only: a paused server is up (http_server.py:2190-2199).
+    return Response(status_code=200)
+
+
+async def _health_generate(fake: FakeSGLang) -> Response:
+    state = fake.state
+    if not fake.options.health_generation:
+        return Response(status_code=200)
+    # One token through the scheduler: a pause holds it, and after the timeout the
+    # server answers 503 (and marks itself unhealthy), as 0.5.23 does.
+    if state.paused is not None:
+        await asyncio.sleep(fake.options.health_timeout)
+        if state.paused is not None:
+            state.counters["health_timeouts"] += 1
+            return Response(status_code=503)
+    return Response(status_code=200)
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    return await _health_generate(_fake(request))
+
+
+@router.get("/health_generate")
+async def health_generate(request: Request) -> Response:
+    return await _health_generate(_fake(request))
+
+
+@router.get("/model_info")
+async def model_info(request: Request) -> Response:
+    fake = _fake(request)
+    state = fake.state
+    payload = {
+        "model_path": state.model_path,
+        "served_model_name": state.served_name,
+        "tokenizer_path": fake.options.model_path,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": state.version,
+        "load_format": "auto",
+        "reasoning_parser": None,
+        "tool_call_parser": None,
+        "disaggregation_mode": "null",
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": "qwen2",
+        "architectures": ["Qwen2ForCausalLM"],
+    }
+    fake.contract.check_answer("GET", "/model_info", payload)
+    return JSONResponse(payload)
+
+
+async def _load_from_disk(fake: FakeSGLang, body: Any) -> tuple[bool, str]:
+    """One ``/update_weights_from_disk``: the load, its flush, then the labels."""
+    state = fake.state
+    path = body["model_path"]
+    try:
+        await state.load(fake.local(path))
+    except ConfigError as err:
+        return False, f"Failed to get weights iterator: {err}."
+    except LoadFailedMidway as err:
+        # 0.5.23 "rolls back" by re-reading model_config.model_path, which it set
+        # to the *new* path first: the same files, the same failure.
+        return False, f"Failed to update weights: {err}.\nRolling back to original weights."
+    except EngineRejected as err:
+        return False, f"Failed to get weights iterator: {err}."
+    if body.get("flush_cache", True) and not await state.flush(
+        timeout=0, ignore_held=state.paused is not None
+    ):
+        # weight_updater.py:120-131: the weights changed; the call fails, so the
+        # version and the model path stay as they were (tokenizer_manager.py).
+        return False, (
+            "Weights were updated, but the cache was not flushed because requests "
+            "are still running or queued. Retract or finish them, then call "
+            "/flush_cache."
+        )
+    version = body.get("weight_version")
+    if version is not None:
+        state.version = version
+    state.model_path = path
+    state.served_name = path
+    return True, "Succeeded to update model weights."
+
+
+@router.post("/update_weights_from_disk")
+@with_checked_body
+async def update_weights_from_disk(request: Request, body: Any) -> Response:
+    fake = _fake(request)
+    state = fake.state
+
+    async def load() -> tuple[bool, str]:
+        return await _load_from_disk(fake, body)
+
+    if state.paused is None:
+        success, message = await state.exclusive(load)
+    else:
+        success, message = await load()
+    payload = {"success": success, "message": message, "num_paused_requests": 0}
+    fake.contract.check_answer("POST", "/update_weights_from_disk", payload)
+    return JSONResponse(payload, status_code=200 if success else 400)
+
+
+@router.post("/update_weight_version")
+@with_checked_body
+async def update_weight_version(request: Request, body: Any) -> Response:
+    state = _fake(request).state
+    if body.get("abort_all_requests", True):
+        for generation in state.running.values():
+            generation.finish_reason = "abort"
+    state.version = body["new_version"]
+    return JSONResponse(
+        {
+            "success": True,
+            "message": f"Weight version updated to {body['new_version']}",
+            "new_version": body["new_version"],
+        }
+    )
+
+
+@router.post("/pause_generation")
+@with_checked_body
+async def pause_generation(request: Request, body: Any) -> Response:
+    await _fake(request).state.pause(_PAUSES[body.get("mode", "abort")])
+    return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
+
+
+@router.post("/continue_generation")
+@with_checked_body
+async def continue_generation(request: Request, _body: Any) -> Response:
+    await _fake(request).state.resume()
+    return JSONResponse({"message": "Generation continued successfully.", "status": "ok"})
+
+
+@router.api_route("/flush_cache", methods=["GET", "POST"])
+@with_checked_body
+async def flush_cache(request: Request, _body: Any) -> Response:
+    state = _fake(request).state
+    timeout = float(request.query_params.get("timeout", 0.0))
+    if timeout <= 0:
+        # scheduler.flush_cache: the waiting queue is ignored while paused.
+        flushed = await state.flush(timeout=0, ignore_held=state.paused is not None)
+    else:
+        # flush_wrapper: fully idle, waiting queue included, paused or not.
+        flushed = await state.flush(timeout=timeout, ignore_held=False)
+    if flushed:
+        return Response("Cache flushed.\n", status_code=200)
+    message = "Timed out waiting for idle state." if timeout > 0 else "Flush cache failed.\n"
+    return Response(message, status_code=400)
+
+
+@router.api_route("/weights_checker", methods=["GET", "POST"])
+@with_checked_body
+async def weights_checker(request: Request, body: Any) -> Response:
+    fake = _fake(request)
+    state = fake.state
+    action = (body or {}).get("action", "checksum")
+    if action != "checksum":
+        payload = {"success": True, "message": f"{action} done"}
+        return JSONResponse(payload)
+    checksums = state.store.checksums()
+    info = fake.contract.example(
+        "ChecksumInfo",
+        checksums=checksums,
+        per_gpu_checksum=state.digest,
+        parallelism_info=[],
+    )
+    per_engine = hashlib.sha256(state.digest.encode()).hexdigest()
+    payload = {
+        "success": True,
+        "message": "checksum computed",
+        "ranks": [info],
+        "per_engine_checksum": per_engine,
+    }
+    fake.contract.check_answer("POST", "/weights_checker", payload)
+    return JSONResponse(payload)
+
+
+@router.post("/load_lora_adapter")
+@with_checked_body
+async def load_lora_adapter(request: Request, body: Any) -> Response:
+    fake = _fake(request)
+    contract, loras = fake.contract, fake.loras
+    error: str | None = "LoRA is not enabled. Please set `--enable-lora` to enable LoRA."
+    if fake.options.enable_lora:
+        error = await loras.load(body["lora_name"], body["lora_path"])
+    if error is not None:
+        result = contract.example("LoRAUpdateOutput", success=False, error_message=error)
+        return JSONResponse(result, status_code=400)
+    result = contract.example(
+        "LoRAUpdateOutput", success=True, loaded_adapters=dict(loras.registered)
+    )
+    return JSONResponse(result)
+
+
+@router.post("/unload_lora_adapter")
+@with_checked_body
+async def unload_lora_adapter(request: Request, body: Any) -> Response:
+    fake = _fake(request)
+    error = await fake.loras.unload(body["lora_name"])
+    if error is not None:
+        result = fake.contract.example("LoRAUpdateOutput", success=False, error_message=error)
+        return JSONResponse(result, status_code=400)
+    return JSONResponse(fake.contract.example("LoRAUpdateOutput", success=True))
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> Response:
+    fake = _fake(request)
+    contract, served = fake.contract, fake.state.served_name
+    cards = [contract.example("ModelCard", id=served, root=served)]
+    if fake.options.enable_lora:
+        cards += [
+            contract.example("ModelCard", id=name, root=path, parent=served)
+            for name, path in fake.loras.registered.items()
+        ]
+    return JSONResponse(contract.example("ModelList", data=cards))
+
+
+def _metadata(generation: Generation) -> dict[str, Any]:
+    meta: dict[str, Any] = {"weight_version": generation.spans[-1]["version"]}
+    if len(generation.spans) > 1:
+        meta["weight_versions"] = [dict(span) for span in generation.spans]
+    return meta
+
+
+def _bad_request(message: str) -> Response:
+    error = {"object": "error", "message": message, "type": "BadRequestError"}
+    return JSONResponse({**error, "param": None, "code": 400}, status_code=400)
+
+
+async def _generate(request: Request, body: Any, chat: bool) -> Response:
+    fake = _fake(request)
+    state, shapes = fake.state, fake.shapes
+    prompt = prompt_of(request.url.path, body)
+    max_tokens = max_tokens_of(body)
+    model = body.get("model") or state.served_name
+    adapter = fake.adapter_of(model, body.get("lora_path"))
+    refusal = fake.lora_refusal(adapter)
+    if refusal is not None:
+        return _bad_request(refusal)
+    admission = LoraRequest(fake.loras, adapter) if adapter is not None else None
+    request_id = f"{'chatcmpl' if chat else 'cmpl'}-fake"
+    if body.get("stream"):
+
+        def chunk(generation: Generation, token: str, last: bool) -> dict[str, Any]:
+            choice = shapes.choice(
+                chat, True, token, finish_reason=generation.finish_reason if last else None
+            )
+            return shapes.response(chat, True, model, request_id, [choice])
+
+        return StreamingResponse(
+            stream_generation(state, prompt, max_tokens, chunk, admission=admission),
+            media_type="text/event-stream",
+        )
+
+    async def no_stream(generation: Generation, token: str) -> None:
+        return None
+
+    try:
+        generation = await state.generate(prompt, max_tokens, no_stream, admission=admission)
+    except ValueError as err:  # the adapter was unloaded while the request waited
+        return _bad_request(str(err))
+    choice = shapes.choice(
+        chat, False, "".join(generation.text), finish_reason=generation.finish_reason
+    )
+    answer = shapes.response(
+        chat,
+        False,
+        model,
+        request_id,
+        [choice],
+        usage=shapes.usage(generation),
+        metadata=_metadata(generation) if generation.spans else None,
+    )
+    return JSONResponse(answer)
+
+
+@router.post("/v1/completions")
+@with_checked_body
+async def completions(request: Request, body: Any) -> Response:
+    return await _generate(request, body, chat=False)
+
+
+@router.post("/v1/chat/completions")
+@with_checked_body
+async def chat_completions(request: Request, body: Any) -> Response:
+    return await _generate(request, body, chat=True)
+
+
 def create_app(options: SGLangOptions, contract: EngineContract | None = None) -> FastAPI:
+    """The fake server: the module's routes over one :class:`FakeSGLang`."""
     contract = contract or EngineContract.load("sglang")
     check_lora_args(
         enable_lora=options.enable_lora,
@@ -147,7 +507,6 @@ def create_app(options: SGLangOptions, contract: EngineContract | None = None) -
         rules=Rules(),
         token_interval=options.token_interval,
     )
-    shapes = OpenAIShapes(contract)
     loras = FakeLoraRegistry(adapter_dir_exists(options.root))
     state.details["lora"] = loras.describe
 
@@ -161,326 +520,9 @@ def create_app(options: SGLangOptions, contract: EngineContract | None = None) -
         title="fake sglang", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
     )
     app.state.engine = state
-
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next: Any) -> Response:
-        route = contract.routes.get((request.method, request.url.path))
-        if route is not None and (options.api_key or options.admin_api_key):
-            status = auth_refusal(
-                route.auth,
-                request.url.path,
-                request.headers.get("authorization"),
-                options.api_key,
-                options.admin_api_key,
-            )
-            if status is not None:
-                error = "Unauthorized" if status == 401 else "Forbidden"
-                return JSONResponse({"error": error}, status_code=status)
-        response: Response = await call_next(request)
-        return response
-
-    async def body_of(request: Request) -> Any:
-        return await checked_body(request, contract)
-
-    def local(path: str) -> Path:
-        return host_path(path, options.root)
-
-    @app.get("/ready")
-    async def ready() -> Response:
-        # is_ready(): not paused and healthy (tokenizer_manager.py:732-734).
-        return Response(status_code=503 if state.paused is not None else 200)
-
-    @app.get("/ping")
-    async def ping() -> Response:
-        # is_healthy() only: a paused server is up (http_server.py:2190-2199).
-        return Response(status_code=200)
-
-    async def health_generate() -> Response:
-        if not options.health_generation:
-            return Response(status_code=200)
-        # One token through the scheduler: a pause holds it, and after the timeout the
-        # server answers 503 (and marks itself unhealthy), as 0.5.23 does.
-        if state.paused is not None:
-            await asyncio.sleep(options.health_timeout)
-            if state.paused is not None:
-                state.counters["health_timeouts"] += 1
-                return Response(status_code=503)
-        return Response(status_code=200)
-
-    @app.get("/health")
-    async def health() -> Response:
-        return await health_generate()
-
-    @app.get("/health_generate")
-    async def health_generate_route() -> Response:
-        return await health_generate()
-
-    @app.get("/model_info")
-    async def model_info() -> Response:
-        payload = {
-            "model_path": state.model_path,
-            "served_model_name": state.served_name,
-            "tokenizer_path": options.model_path,
-            "is_generation": True,
-            "preferred_sampling_params": None,
-            "weight_version": state.version,
-            "load_format": "auto",
-            "reasoning_parser": None,
-            "tool_call_parser": None,
-            "disaggregation_mode": "null",
-            "has_image_understanding": False,
-            "has_audio_understanding": False,
-            "model_type": "qwen2",
-            "architectures": ["Qwen2ForCausalLM"],
-        }
-        contract.check_answer("GET", "/model_info", payload)
-        return JSONResponse(payload)
-
-    @app.post("/update_weights_from_disk")
-    async def update_weights_from_disk(request: Request) -> Response:
-        try:
-            body = await body_of(request)
-        except ContractViolation as err:
-            return refuse(err)
-        path = body["model_path"]
-
-        async def load() -> tuple[bool, str]:
-            try:
-                await state.load(local(path))
-            except ConfigError as err:
-                return False, f"Failed to get weights iterator: {err}."
-            except LoadFailedMidway as err:
-                # 0.5.23 "rolls back" by re-reading model_config.model_path, which it set
-                # to the *new* path first: the same files, the same failure.
-                return False, f"Failed to update weights: {err}.\nRolling back to original weights."
-            except EngineRejected as err:
-                return False, f"Failed to get weights iterator: {err}."
-            if body.get("flush_cache", True) and not await state.flush(
-                timeout=0, ignore_held=state.paused is not None
-            ):
-                # weight_updater.py:120-131: the weights changed; the call fails, so the
-                # version and the model path stay as they were (tokenizer_manager.py).
-                return False, (
-                    "Weights were updated, but the cache was not flushed because requests "
-                    "are still running or queued. Retract or finish them, then call "
-                    "/flush_cache."
-                )
-            version = body.get("weight_version")
-            if version is not None:
-                state.version = version
-            state.model_path = path
-            state.served_name = path
-            return True, "Succeeded to update model weights."
-
-        if state.paused is None:
-            success, message = await state.exclusive(load)
-        else:
-            success, message = await load()
-        payload = {"success": success, "message": message, "num_paused_requests": 0}
-        contract.check_answer("POST", "/update_weights_from_disk", payload)
-        return JSONResponse(payload, status_code=200 if success else 400)
-
-    @app.post("/update_weight_version")
-    async def update_weight_version(request: Request) -> Response:
-        try:
-            body = await body_of(request)
-        except ContractViolation as err:
-            return refuse(err)
-        if body.get("abort_all_requests", True):
-            for generation in state.running.values():
-                generation.finish_reason = "abort"
-        state.version = body["new_version"]
-        return JSONResponse(
-            {
-                "success": True,
-                "message": f"Weight version updated to {body['new_version']}",
-                "new_version": body["new_version"],
-            }
-        )
-
-    @app.post("/pause_generation")
-    async def pause_generation(request: Request) -> Response:
-        try:
-            body = await body_of(request)
-        except ContractViolation as err:
-            return refuse(err)
-        await state.pause(_PAUSES[body.get("mode", "abort")])
-        return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
-
-    @app.post("/continue_generation")
-    async def continue_generation(request: Request) -> Response:
-        try:
-            await body_of(request)
-        except ContractViolation as err:
-            return refuse(err)
-        await state.resume()
-        return JSONResponse({"message": "Generation continued successfully.", "status": "ok"})
-
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
-    async def flush_cache(request: Request) -> Response:
-        try:
-            await body_of(request)
-        except ContractViolation as err:
-            return refuse(err)
-        timeout = float(request.query_params.get("timeout", 0.0))
-        if timeout <= 0:
-            # scheduler.flush_cache: the waiting queue is ignored while paused.
-            flushed = await state.flush(timeout=0, ignore_held=state.paused is not None)
-        else:
-            # flush_wrapper: fully idle, waiting queue included, paused or not.
-            flushed = await state.flush(timeout=timeout, ignore_held=False)
-        if flushed:
-            return Response("Cache flushed.\n", status_code=200)
-        message = "Timed out waiting for idle state." if timeout > 0 else "Flush cache failed.\n"
-        return Response(message, status_code=400)
-
-    @app.api_route("/weights_checker", methods=["GET", "POST"])
-    async def weights_checker(request: Request) -> Response:
-        try:
-            body = await body_of(request) or {}
-        except ContractViolation as err:
-            return refuse(err)
-        action = body.get("action", "checksum")
-        if action != "checksum":
-            payload = {"success": True, "message": f"{action} done"}
-            return JSONResponse(payload)
-        checksums = state.store.checksums()
-        info = contract.example(
-            "ChecksumInfo",
-            checksums=checksums,
-            per_gpu_checksum=state.digest,
-            parallelism_info=[],
-        )
-        per_engine = hashlib.sha256(state.digest.encode()).hexdigest()
-        payload = {
-            "success": True,
-            "message": "checksum computed",
-            "ranks": [info],
-            "per_engine_checksum": per_engine,
-        }
-        contract.check_answer("POST", "/weights_checker", payload)
-        return JSONResponse(payload)
-
-    @app.post("/load_lora_adapter")
-    async def load_lora_adapter(request: Request) -> Response:
-        try:
-            body = await body_of(request)
-        except ContractViolation as err:
-            return refuse(err)
-        error: str | None = "LoRA is not enabled. Please set `--enable-lora` to enable LoRA."
-        if options.enable_lora:
-            error = await loras.load(body["lora_name"], body["lora_path"])
-        if error is not None:
-            result = contract.example("LoRAUpdateOutput", success=False, error_message=error)
-            return JSONResponse(result, status_code=400)
-        result = contract.example(
-            "LoRAUpdateOutput", success=True, loaded_adapters=dict(loras.registered)
-        )
-        return JSONResponse(result)
-
-    @app.post("/unload_lora_adapter")
-    async def unload_lora_adapter(request: Request) -> Response:
-        try:
-            body = await body_of(request)
-        except ContractViolation as err:
-            return refuse(err)
-        error = await loras.unload(body["lora_name"])
-        if error is not None:
-            result = contract.example("LoRAUpdateOutput", success=False, error_message=error)
-            return JSONResponse(result, status_code=400)
-        return JSONResponse(contract.example("LoRAUpdateOutput", success=True))
-
-    @app.get("/v1/models")
-    async def models() -> Response:
-        cards = [contract.example("ModelCard", id=state.served_name, root=state.served_name)]
-        if options.enable_lora:
-            cards += [
-                contract.example("ModelCard", id=name, root=path, parent=state.served_name)
-                for name, path in loras.registered.items()
-            ]
-        return JSONResponse(contract.example("ModelList", data=cards))
-
-    def metadata(generation: Generation) -> dict[str, Any]:
-        meta: dict[str, Any] = {"weight_version": generation.spans[-1]["version"]}
-        if len(generation.spans) > 1:
-            meta["weight_versions"] = [dict(span) for span in generation.spans]
-        return meta
-
-    def adapter_of(model: str, lora_path: Any) -> str | None:
-        """``serving_base._parse_model_parameter`` + ``_resolve_lora_path``: a ``model``
-        that is not the served name and holds a colon names an adapter (``base:adapter``)."""
-        adapter = lora_path if isinstance(lora_path, str) else None
-        if ":" in model and model != state.served_name:
-            prefix = f"{state.served_name}:"
-            adapter = model[len(prefix) :] if model.startswith(prefix) else model.split(":")[1]
-        return adapter or None
-
-    def lora_refusal(adapter: str | None) -> str | None:
-        if adapter is None:
-            return None
-        if not options.enable_lora:
-            return f"LoRA adapter '{adapter}' was requested, but LoRA is not enabled."
-        return loras.refusal(adapter)
-
-    def bad_request(message: str) -> Response:
-        error = {"object": "error", "message": message, "type": "BadRequestError"}
-        return JSONResponse({**error, "param": None, "code": 400}, status_code=400)
-
-    async def generate(request: Request, chat: bool) -> Response:
-        try:
-            body = await body_of(request)
-        except ContractViolation as err:
-            return refuse(err)
-        prompt = prompt_of(request.url.path, body)
-        max_tokens = max_tokens_of(body)
-        model = body.get("model") or state.served_name
-        adapter = adapter_of(model, body.get("lora_path"))
-        refusal = lora_refusal(adapter)
-        if refusal is not None:
-            return bad_request(refusal)
-        admission = LoraRequest(loras, adapter) if adapter is not None else None
-        request_id = f"{'chatcmpl' if chat else 'cmpl'}-fake"
-        if body.get("stream"):
-
-            def chunk(generation: Generation, token: str, last: bool) -> dict[str, Any]:
-                choice = shapes.choice(
-                    chat, True, token, finish_reason=generation.finish_reason if last else None
-                )
-                return shapes.response(chat, True, model, request_id, [choice])
-
-            return StreamingResponse(
-                stream_generation(state, prompt, max_tokens, chunk, admission=admission),
-                media_type="text/event-stream",
-            )
-
-        async def no_stream(generation: Generation, token: str) -> None:
-            return None
-
-        try:
-            generation = await state.generate(prompt, max_tokens, no_stream, admission=admission)
-        except ValueError as err:  # the adapter was unloaded while the request waited
-            return bad_request(str(err))
-        choice = shapes.choice(
-            chat, False, "".join(generation.text), finish_reason=generation.finish_reason
-        )
-        answer = shapes.response(
-            chat,
-            False,
-            model,
-            request_id,
-            [choice],
-            usage=shapes.usage(generation),
-            metadata=metadata(generation) if generation.spans else None,
-        )
-        return JSONResponse(answer)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await generate(request, chat=False)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await generate(request, chat=True)
-
+    app.state.fake = FakeSGLang(options, contract, state, OpenAIShapes(contract), loras)
+    app.middleware("http")(authenticate)
+    # The routes themselves, not an included router: tests read them back from app.routes.
+    app.router.routes.extend(router.routes)
     add_test_controls(app, state)
     return app
