@@ -51,8 +51,23 @@ DISK_FULL: Final = "DiskFull"
 the partial files are removed and the load retried with backoff until there is room."""
 OUT_OF_MEMORY: Final = "OutOfMemory"
 """An allocation failed while fetching or rebuilding (memory pressure): retried."""
+FOREIGN_LOAD: Final = "ForeignLoad"
+"""The engine took a load its sidecar did not send (its generation moved under the name it
+serves): re-verified by its digest, else the last verified snapshot is reloaded."""
+ENGINE_PAUSED: Final = "EnginePaused"
+"""The engine was found paused outside its sidecar's swaps (someone else paused it): the
+sidecar resumes it."""
 TRANSIENT_REASONS: Final = frozenset(
-    {STORAGE_UNAVAILABLE, NOT_FOUND, ENGINE_BUSY, ENGINE_UNAVAILABLE, DISK_FULL, OUT_OF_MEMORY}
+    {
+        STORAGE_UNAVAILABLE,
+        NOT_FOUND,
+        ENGINE_BUSY,
+        ENGINE_UNAVAILABLE,
+        DISK_FULL,
+        OUT_OF_MEMORY,
+        FOREIGN_LOAD,
+        ENGINE_PAUSED,
+    }
 )
 
 # Replica-only: that replica is Failed; the chain is fine.

@@ -64,7 +64,7 @@ from hotload.sidecar.planning import (
 )
 from hotload.sidecar.pod_report import replica_report
 from hotload.sidecar.pod_writer import ObservedPod, PodWriter, since_of
-from hotload.sidecar.status import Phase
+from hotload.sidecar.status import Phase, current_error
 
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
@@ -184,7 +184,7 @@ class SidecarAgent:
             self._runner.reap()
             await self._observe_engine()
             await self._decide()
-            if self._runner.current is None:
+            if self._runner.between_loads():
                 await self._runner.resume_if_owed()
             self._report()
 
@@ -282,6 +282,7 @@ class SidecarAgent:
         difference on the Pod, whoever made it)."""
         status, memory = self._parts.status, self._memory
         deployment = self._parts.deployment
+        status.last_error = current_error(status.last_error, self._parts.target())
         report = replica_report(
             self._parts.target(),
             memory.serving,

@@ -304,7 +304,16 @@ class JobRunner:
             return False
         finally:
             parts.fence.end()
-        self._apply(Swapped(staged, LoadPath.DELTA, None, report.instance_id, target))
+        self._apply(
+            Swapped(
+                staged,
+                LoadPath.DELTA,
+                None,
+                report.instance_id,
+                target,
+                generation=report.generation,
+            )
+        )
         parts.record_swap(staged, LoadPath.DELTA, timings, started, in_engine=True)
         return True
 
@@ -470,10 +479,20 @@ class JobRunner:
             on_left_paused=(lambda: self._apply(ResumeOwed(True))) if owe_resume else None,
         )
 
+    def between_loads(self) -> bool:
+        """No load of ours can be under way: no job, or one still building (or catching
+        up) that has not reached the engine. A resume now (of an engine someone else
+        paused) cannot land inside a load of ours, which pauses only once in hand."""
+        job = self.current
+        if job is None:
+            return True
+        return job.job in (Job.BUILD, Job.CATCH_UP) and not self._parts.fence.handing
+
     async def resume_if_owed(self) -> None:
         """Resume an engine a handover may have left paused (its resume kept failing, or
-        the sidecar was killed while it held requests): called only between jobs, with
-        the engine's weights confirmed, so no load is under way to be resumed into."""
+        the sidecar was killed while it held requests), or that someone else paused:
+        called only :meth:`between_loads`, with the engine's weights confirmed, so no
+        load of ours is under way to be resumed into."""
         parts, memory = self._parts, self._memory()
         engine = parts.engine
         if not memory.resume_owed or engine is None or memory.serving is None:
@@ -522,7 +541,7 @@ class JobRunner:
 
         def confirmed(report: EngineReport) -> None:
             # Before held requests resume: the front labels their tokens with this.
-            self._apply(Served(staged, final_via, slot, report.instance_id))
+            self._apply(Served(staged, final_via, slot, report.instance_id, report.generation))
 
         await engine.wait_ready(parts.config.engine_ready_timeout_s)
         with timings.phase("swap", parts.metrics):
@@ -540,7 +559,11 @@ class JobRunner:
         memory = self._memory()
         previous = memory.buffers.served
         clear_previous = memory.fresh and target is not None and previous not in (None, slot)
-        self._apply(Swapped(staged, final_via, slot, report.instance_id, target))
+        self._apply(
+            Swapped(
+                staged, final_via, slot, report.instance_id, target, generation=report.generation
+            )
+        )
         if clear_previous:
             # A fresh replay healed a local corruption: the buffer served until now was
             # never re-verified, so it is no base for the next build.

@@ -107,6 +107,14 @@ class Observation:
     unconfirmed: Identity | None = None
     checked: tuple[Identity, str | None] | None = None
     """A snapshot the engine names whose check against its manifest concluded."""
+    unverified: bool = False
+    """With ``lost``: the engine took a load we did not send and offers no digest to
+    tell which weights it holds now; its label proves nothing until a load completes."""
+    regenerated: str | None = None
+    """The engine took a load we did not send, and its digest proves it still serves the
+    weights we verified: this is its generation now."""
+    paused: bool = False
+    """The engine holds generation outside any handover of ours: it is resumed."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,8 @@ class Swapped:
     instance_id: str | None
     target: SnapshotRef | None
     """The target this brought (None: a reload of what was served)."""
+    generation: str | None = None
+    """The engine's generation in the report that confirmed the load."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +141,7 @@ class Served:
     via: LoadPath
     slot: Slot | None
     instance_id: str | None
+    generation: str | None = None
 
 
 @dataclass(frozen=True)
@@ -224,6 +235,12 @@ def _observed(memory: Memory, seen: Observation) -> Memory:
     memory = replace(memory, engine_answers=seen.answers, unconfirmed=seen.unconfirmed)
     if seen.lost:
         memory = replace(memory, serving=None)
+        if seen.unverified:
+            memory = replace(memory, weights_unknown=True)
+    if seen.regenerated is not None and memory.serving is not None:
+        memory = replace(memory, serving=replace(memory.serving, generation=seen.regenerated))
+    if seen.paused:
+        memory = replace(memory, resume_owed=True)
     if seen.checked is not None:
         memory = replace(memory, unstaged_checked=memory.unstaged_checked | {seen.checked})
     if seen.roles is not None:
@@ -234,11 +251,29 @@ def _observed(memory: Memory, seen: Observation) -> Memory:
     return memory
 
 
+def _confirmed(
+    staged: Staged,
+    via: LoadPath,
+    slot: Slot | None,
+    instance_id: str | None,
+    generation: str | None,
+) -> Serving:
+    """What the engine serves once it confirmed a load of ``staged`` from us."""
+    return Serving(
+        staged.identity,
+        staged.step,
+        staged.kind,
+        via,
+        slot,
+        instance_id,
+        digest=staged.digest,
+        generation=generation,
+    )
+
+
 def _swapped(memory: Memory, fact: Swapped) -> Memory:
     staged, target = fact.staged, fact.target
-    serving = Serving(
-        staged.identity, staged.step, staged.kind, fact.via, fact.slot, fact.instance_id
-    )
+    serving = _confirmed(staged, fact.via, fact.slot, fact.instance_id, fact.generation)
     memory = replace(memory, serving=serving, weights_unknown=False)
     if fact.slot is not None:
         memory = replace(memory, buffers=replace(memory.buffers, served=fact.slot, handed=None))
@@ -288,8 +323,8 @@ def fold(memory: Memory, fact: Fact) -> Memory:
             return _observed(memory, fact)
         case Swapped():
             return _swapped(memory, fact)
-        case Served(staged, via, slot, instance_id):
-            confirmed = Serving(staged.identity, staged.step, staged.kind, via, slot, instance_id)
+        case Served(staged, via, slot, instance_id, generation):
+            confirmed = _confirmed(staged, via, slot, instance_id, generation)
             return replace(memory, serving=confirmed, weights_unknown=False)
         case CaughtUp(slot):
             moved = replace(memory.serving, slot=slot) if memory.serving is not None else None

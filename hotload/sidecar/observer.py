@@ -19,6 +19,13 @@ which buffer is served once the engine confirmed one.
   the engine gives one) confirms it; while that check cannot conclude (the bucket does
   not answer) the observation names it ``unconfirmed`` and the planner loads nothing
   over it.
+- Same instance, same name, but its generation moved (a load we did not send, under the
+  name it serves): re-verified at once by the engine's digest. The same weights: kept,
+  at the new generation. Other weights, or no digest to tell: ``lost`` (an engine
+  without a digest also ``unverified``: its label proves nothing), so the served buffer
+  is reloaded and the pod says nothing it cannot prove meanwhile.
+- It holds generation (paused) outside any handover of ours: ``paused``, and the loop
+  resumes it. Both are the replica's ``lastError`` (``ForeignLoad``, ``EnginePaused``).
 
 An answer taken while a handover began or ended is stale: ``observe`` returns None.
 """
@@ -28,18 +35,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from hotload.api import LoadPath
 from hotload.api.kinds import Identity
 from hotload.api.pod import ANNOTATION_SNAPSHOT, ANNOTATION_VIA
+from hotload.api.reasons import ENGINE_PAUSED, FOREIGN_LOAD
 from hotload.cancellation import run_in_thread
 from hotload.engines.protocol import Engine, EngineReport
 from hotload.errors import HotloadError, NotFound
 from hotload.sidecar.memory import Memory, Observation
 from hotload.sidecar.parts import AgentParts, log
-from hotload.sidecar.planning import Serving, Slot, Staged, Verdict, judge_engine
-from hotload.sidecar.status import EngineSeen
+from hotload.sidecar.planning import (
+    EngineJudgement,
+    Serving,
+    Slot,
+    Staged,
+    Verdict,
+    foreign_load_verified,
+    judge_engine,
+)
+from hotload.sidecar.status import EngineSeen, ErrorRecord
 from hotload.snapshot import manifest_digest
 
 
@@ -86,6 +103,22 @@ class EngineObserver:
         answers = verdict is not Verdict.UNREACHABLE
         if report is None:
             return Observation(seen, answers)
+        if report.paused:
+            self._record(ENGINE_PAUSED, "the engine was paused outside a swap; resuming it")
+            log.warning("the engine is paused outside a swap; resuming it", extra=parts.context())
+        observation = await self._judged(seen, report, judgement, epoch)
+        if observation is not None and report.paused:
+            observation = replace(observation, paused=True)
+        return observation
+
+    async def _judged(
+        self, seen: EngineSeen, report: EngineReport, judgement: EngineJudgement, epoch: int
+    ) -> Observation | None:
+        """What the verdict on ``report`` means (None: stale, a handover moved)."""
+        parts, serving = self._parts, self._memory().serving
+        verdict, answers = judgement.verdict, True
+        if verdict is Verdict.FOREIGN_LOAD and serving is not None:
+            return await self._reverify(seen, serving, judgement.detail, epoch)
         if verdict is Verdict.LOST:
             log.warning(
                 "the engine does not serve what the pod says",
@@ -97,6 +130,47 @@ class EngineObserver:
         if verdict is Verdict.ADOPT_UNSTAGED:
             return await self._adopt_unstaged(seen, report, epoch)
         return Observation(seen, answers, lost=verdict is Verdict.EMPTY and serving is not None)
+
+    async def _reverify(
+        self, seen: EngineSeen, serving: Serving, detail: str, epoch: int
+    ) -> Observation | None:
+        """A load we did not send: the engine's digest says whether it still serves the
+        weights we verified (kept, at its new generation) or not (``lost``; reloaded)."""
+        parts = self._parts
+        engine = parts.engine
+        report = await self._report(engine, digest=True) if engine is not None else None
+        if parts.fence.moved(epoch):
+            return None
+        if report is None:
+            return Observation(seen, False)
+        if foreign_load_verified(serving, report):
+            self._record(FOREIGN_LOAD, f"{detail}; its digest is still {serving.identity}'s")
+            log.warning(
+                "the engine took a load we did not send; its weights are still ours",
+                extra={**parts.context(), "detail": detail, "snapshot": serving.identity},
+            )
+            return Observation(seen, True, regenerated=report.generation)
+        unverified = report.digest is None
+        why = "it offers no digest to tell" if unverified else "its digest differs"
+        self._record(FOREIGN_LOAD, f"{detail}; {why}: reloading the last verified snapshot")
+        log.warning(
+            "the engine took a load we did not send; reloading the last verified snapshot",
+            extra={**parts.context(), "detail": detail, "snapshot": serving.identity},
+        )
+        return Observation(seen, True, lost=True, again=True, unverified=unverified)
+
+    def _record(self, reason: str, message: str) -> None:
+        """What happened to the engine, as the replica's ``lastError`` (and counted)."""
+        parts = self._parts
+        target = parts.target()
+        parts.metrics.failures.labels(reason=reason).inc()
+        parts.status.last_error = ErrorRecord(
+            reason=reason,
+            message=message,
+            transient=True,
+            target=target.identity if target else None,
+            at=datetime.now(UTC),
+        )
 
     async def _report(self, engine: Engine, *, digest: bool) -> EngineReport | None:
         try:
@@ -135,6 +209,8 @@ class EngineObserver:
             self._via(identity),
             slot,
             report.instance_id,
+            digest=staged.digest,
+            generation=report.generation,
         )
         return Observation(seen, True, served=served, roles=(slot, handed))
 
@@ -192,6 +268,8 @@ class EngineObserver:
             self._via(identity),
             None,
             report.instance_id,
+            digest=staged.digest,
+            generation=report.generation,
         )
         return Observation(seen, True, served=served)
 

@@ -4,8 +4,10 @@ The agent (``agent.py``) only observes and executes; every choice is made here, 
 each one is a row in a table test (``tests/unit/sidecar/test_planning.py``):
 
 - :func:`judge_engine` — what the engine's own report means for what the pod may say:
-  still the snapshot we loaded, restarted (or loaded by someone else), a load of unknown
-  outcome that landed, or (after a sidecar restart) a staged snapshot to adopt.
+  still the snapshot we loaded, restarted (or loaded by someone else), a load we did not
+  send under the name it serves (its generation moved; :func:`foreign_load_verified`
+  says whether its digest proves our weights), a load of unknown outcome that landed, or
+  (after a sidecar restart) a staged snapshot to adopt.
 - :func:`next_step` — what to do now: wait for the engine, settle a load of unknown
   outcome, reload the served buffer, wait for the check of a snapshot the engine names,
   swap an already built target, build the target, catch staging up with a snapshot the
@@ -111,6 +113,12 @@ class Serving:
     slot: Slot | None
     """The buffer it was loaded from (None: adopted from the engine, not staged here)."""
     instance_id: str | None
+    digest: str | None = None
+    """The weights digest it was verified with (the staged rebuild's or the manifest's
+    ``manifest_digest``; None where not known)."""
+    generation: str | None = None
+    """The engine's generation when we confirmed it (:attr:`EngineReport.generation`):
+    another value later, same instance, is a load we did not send."""
 
 
 def same_snapshot(
@@ -151,6 +159,10 @@ class Verdict(StrEnum):
     checks it against its manifest (digest where the engine gives one) before trusting."""
     EMPTY = "Empty"
     """It serves nothing we know of (its initial weights, or nothing)."""
+    FOREIGN_LOAD = "ForeignLoad"
+    """Same instance, same name, but its generation moved since we confirmed it: it took
+    a load we did not send (under the name it serves). Re-verified before the pod says
+    the snapshot again (:func:`foreign_load_verified`)."""
 
 
 @dataclass(frozen=True)
@@ -203,6 +215,20 @@ def judge_engine(
                 identity=report.identity,
                 detail=f"the engine serves {report.identity or 'nothing'}, not {serving.identity}",
             )
+        if (
+            serving.generation is not None
+            and report.generation is not None
+            and report.generation != serving.generation
+        ):
+            return EngineJudgement(
+                Verdict.FOREIGN_LOAD,
+                serving.slot,
+                serving.identity,
+                detail=(
+                    f"the engine took a load we did not send (generation "
+                    f"{serving.generation} -> {report.generation})"
+                ),
+            )
         return EngineJudgement(Verdict.CONSISTENT, serving.slot, serving.identity)
     identity = report.identity
     if identity is None:
@@ -218,6 +244,18 @@ def judge_engine(
                 Verdict.EMPTY, identity=identity, detail="digest differs from the staged rebuild"
             )
     return EngineJudgement(Verdict.ADOPT_UNSTAGED, identity=identity)
+
+
+def foreign_load_verified(serving: Serving, report: EngineReport) -> bool:
+    """After a load we did not send: whether the engine's digest (asked for) proves it
+    still serves the weights we verified. An engine without a digest proves nothing:
+    the served snapshot is then reloaded, never claimed on its label alone."""
+    return (
+        report.identity == serving.identity
+        and report.digest is not None
+        and serving.digest is not None
+        and report.digest == serving.digest
+    )
 
 
 # --- what to do next ------------------------------------------------------------------
@@ -675,6 +713,7 @@ __all__ = [
     "after_failure",
     "choose_build",
     "choose_route",
+    "foreign_load_verified",
     "judge_engine",
     "next_step",
     "replica_state",

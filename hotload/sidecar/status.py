@@ -62,6 +62,15 @@ class ErrorRecord(_Model):
     at: datetime
 
 
+def current_error(error: ErrorRecord | None, target: SnapshotRef | None) -> ErrorRecord | None:
+    """``lastError`` as it concerns the target now: an error recorded for another target
+    says nothing about this one and is dropped once the target moves (a failed load stays
+    in the swap history). With no target, the last error stays."""
+    if error is None or target is None or error.target == target.identity:
+        return error
+    return None
+
+
 class SwapRecord(_Model):
     """One load attempt that reached an end (swapped, or failed for good)."""
 

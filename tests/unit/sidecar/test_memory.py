@@ -57,8 +57,11 @@ SEEN = EngineSeen(identity="s1", instance_id="i", answered=True, at=now_utc())
 def test_a_confirmed_swap_serves_the_target_and_forgets_its_failures() -> None:
     held = Hold(ref("s2", 2), "EngineBusy", "busy", "s2")
     memory = Memory(hold=held, attempts=Attempts(3, 1), fresh=True, weights_unknown=True)
-    memory = fold(memory, Swapped(staged("s2", 2), LoadPath.DELTA, Slot.B, "i", ref("s2", 2)))
-    assert memory.serving == Serving("s2", 2, SnapshotKind.INCREMENTAL, LoadPath.DELTA, Slot.B, "i")
+    swapped = Swapped(staged("s2", 2), LoadPath.DELTA, Slot.B, "i", ref("s2", 2), generation="7")
+    memory = fold(memory, swapped)
+    assert memory.serving == Serving(
+        "s2", 2, SnapshotKind.INCREMENTAL, LoadPath.DELTA, Slot.B, "i", "digest-s2", "7"
+    )
     assert (memory.buffers.served, memory.buffers.handed) == (Slot.B, None)
     assert memory.hold is None and memory.attempts == Attempts() and not memory.fresh
     assert not memory.weights_unknown
@@ -143,10 +146,12 @@ def replace_attempts(memory: Memory, attempts: Attempts) -> Memory:
 def test_a_load_confirmed_mid_handover_serves_at_once_and_leaves_the_rest_to_the_swap() -> None:
     held = Hold(ref("s2", 2), "EngineBusy", "busy", "s2")
     memory = Memory(hold=held, attempts=Attempts(1, 0), weights_unknown=True)
-    served = Served(staged("s2", 2), LoadPath.DELTA, Slot.B, "i")
+    served = Served(staged("s2", 2), LoadPath.DELTA, Slot.B, "i", "7")
     assert sets_serving(served)
     memory = fold(memory, served)
-    assert memory.serving == Serving("s2", 2, SnapshotKind.INCREMENTAL, LoadPath.DELTA, Slot.B, "i")
+    assert memory.serving == Serving(
+        "s2", 2, SnapshotKind.INCREMENTAL, LoadPath.DELTA, Slot.B, "i", "digest-s2", "7"
+    )
     assert not memory.weights_unknown
     assert memory.hold == held and memory.attempts == Attempts(1, 0)
     assert memory.buffers.served is None
