@@ -136,13 +136,21 @@ def _medians(deltas: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def provenance(results: dict[str, Any]) -> str:
+    """Which command, commit and machine made the results, and how busy it was."""
+    when = f"{results['when']}, " if "when" in results else ""
+    return (
+        f"`{results['command']}` at {results['commit']} on {results['machine']} "
+        f"({when}{results['seconds']} s, load average {results['load_average'][0]} before / "
+        f"{results['load_average'][1]} after)"
+    )
+
+
 def markdown(results: dict[str, Any]) -> str:
     lines = [
         "# bench/publish: one model, published by 1, 2 and 4 ranks",
         "",
-        f"`{results['command']}` at {results['commit']} on {results['machine']} "
-        f"({results['when']}, {results['seconds']} s, load average "
-        f"{results['load_average'][0]} before / {results['load_average'][1]} after); "
+        provenance(results) + "; "
         f"model {results['model_params'] / 1e6:.1f}M parameters "
         f"({results['model_bytes'] / MB:.0f} MB bf16), {results['steps']} steps (a Full, then "
         f"deltas of real AdamW steps at lr {results['lr']}), one codec thread per rank.",
