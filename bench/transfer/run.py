@@ -42,8 +42,10 @@ from typing import Any
 
 from kubernetes import client as k8s
 
+from bench.load import LoadSampler
 from hotload.local import down, object_storage, wan
 from hotload.local.bootstrap import api_client
+from hotload.local.chart import ChartRelease
 from hotload.local.fleets import FleetSpec, apply_fleet, regional_deployment
 from hotload.local.lifecycle import LocalRegions
 from hotload.local.reaper import start_reaper
@@ -54,6 +56,8 @@ from hotload.publish import PUBLISH_ENDPOINT_ANNOTATION, Publisher, PublisherSet
 
 HERE = Path(__file__).resolve().parent
 REGIONS = ("us-east", "eu-west", "ap-south")
+#: The operator watches the bench's ``hl-*`` namespaces (a glob: the chart's cluster-wide mode).
+BENCH_CHART = ChartRelease(watch_namespaces=("hl-*",), cluster_wide=True)
 NAIVE_BUCKET = "naive"
 
 
@@ -254,7 +258,14 @@ def main() -> None:
     say(f"bringing up {len(REGIONS)} regions ({gpus} GPUs per node x 2) in {state}")
     # Should this process be killed, the reaper takes the regions down after it.
     reaper = start_reaper(state)
-    regions = bring_up(REGIONS, addons=addons, state_dir=state, index_base=231, gpus_per_node=gpus)
+    regions = bring_up(
+        REGIONS,
+        addons=addons,
+        state_dir=state,
+        index_base=231,
+        gpus_per_node=gpus,
+        chart=BENCH_CHART,
+    )
     os.environ["AWS_SHARED_CREDENTIALS_FILE"] = str(regions.aws_credentials_file)
     os.environ["AWS_CONFIG_FILE"] = str(regions.aws_config_file)
     try:
@@ -267,8 +278,8 @@ def main() -> None:
                 too_many = args.naive_up_to is not None and replicas > args.naive_up_to
                 if design == "naive" and too_many:
                     continue
-                runs.append(
-                    run_design(
+                with LoadSampler() as load:
+                    run = run_design(
                         regions,
                         trainer,
                         files,
@@ -280,7 +291,7 @@ def main() -> None:
                         latency_ms=args.wan_latency,
                         say=say,
                     )
-                )
+                runs.append({**run, "load": load.summary()})
                 # After every run: a later failure keeps what was measured.
                 _write(args, command, params, runs)
     finally:
@@ -400,8 +411,9 @@ def report(meta: dict[str, Any], runs: list[dict[str, Any]], out: Path) -> None:
         "the trainer's bucket across the WAN. Medians over the deltas.",
         "",
         "| design | replicas/region | delta stored B | WAN B per snapshot | WAN / (delta x 3) "
-        "| publish -> all Ready s (slowest region) | link floor s |",
-        "|---|---|---|---|---|---|---|",
+        "| publish -> all Ready s (slowest region) | link floor s "
+        "| machine load (1 min) median / max |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         rows = run["deltas"]
@@ -409,16 +421,18 @@ def report(meta: dict[str, Any], runs: list[dict[str, Any]], out: Path) -> None:
         crossed = _median([r["wan_bytes"] for r in rows])
         ready = _median([max(v or 0 for v in r["ready_seconds"].values()) for r in rows])
         floor = _median([r["floor_seconds"] or 0 for r in rows])
+        load = run.get("load") or {}
         lines.append(
             f"| {run['design']} | {run['replicas_per_region']} | {stored:,.0f} | {crossed:,.0f} "
-            f"| {crossed / (stored * 3):.2f} | {ready:.1f} | {floor:.3f} |"
+            f"| {crossed / (stored * 3):.2f} | {ready:.1f} | {floor:.3f} "
+            f"| {load.get('load1_median', '-')} / {load.get('load1_max', '-')} |"
         )
     for row in rows_projected:
         lines.append(
             f"| {row['design']} (projected) | {row['replicas_per_region']} "
             f"| {row['stored_bytes']:,} | {row['wan_bytes']:,} "
             f"| {row['wan_bytes'] / (row['stored_bytes'] * 3):.2f} "
-            f"| not run | {row['floor_seconds'] or 0:.3f} |"
+            f"| not run | {row['floor_seconds'] or 0:.3f} | - |"
         )
     if rows_projected:
         lines += [
