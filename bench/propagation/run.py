@@ -714,7 +714,7 @@ def main() -> None:
     args = parser.parse_args()  # fmt: skip
     if args.render is not None:
         (args.render.parent / "RESULTS.md").write_text(
-            markdown(json.loads(args.render.read_text()))
+            markdown(json.loads(args.render.read_text()), args.render.parent)
         )
         return
 
@@ -792,12 +792,13 @@ def write_results(args: argparse.Namespace, results: list[SizeResult]) -> None:
     args.results.mkdir(parents=True, exist_ok=True)
     path = args.results / "results.json"
     path.write_text(json.dumps(document, indent=2) + "\n")
-    (args.results / "RESULTS.md").write_text(markdown(document))
+    (args.results / "RESULTS.md").write_text(markdown(document, args.results))
     log(f"results in {path} and RESULTS.md beside it")
 
 
-def markdown(document: dict[str, Any]) -> str:
-    """The summary table of a results document (RESULTS.md)."""
+def markdown(document: dict[str, Any], where: Path) -> str:
+    """The summary table of a results document (RESULTS.md), then ``where``'s
+    ``analysis.md`` (how to read that run), when there is one."""
     lines = [
         "# bench/propagation — results",
         "",
@@ -822,6 +823,7 @@ def markdown(document: dict[str, Any]) -> str:
         restart = size["rolling_restart"]
         restart_p50 = restart.get("projected_p50_s", restart.get("p50_s"))
         projected = " (projected)" if "projected_p50_s" in restart else ""
+        restart_p50 = "not run" if restart_p50 is None else f"{restart_p50} s"
         rss = max(size["operator_peak_rss_mib"].values(), default=None)
         replicas = size["replicas"]
         pod_writes = cost.get("apiserver_pod_patches")
@@ -834,7 +836,7 @@ def markdown(document: dict[str, Any]) -> str:
             f"| {size['apply_to_target_set_median_s']} s "
             f"| {size['apply_to_first_replica_ready_median_s']} s "
             f"| {size['apply_to_ready_p50_s']} s | {size['apply_to_ready_p99_s']} s "
-            f"| {size['apply_to_all_ready_median_s']} s | {restart_p50} s{projected} "
+            f"| {size['apply_to_all_ready_median_s']} s | {restart_p50}{projected} "
             f"| {cost.get('operator_status_writes')} | {cost.get('operator_api_requests')} "
             f"| {cost.get('operator_cpu_seconds')} | {cost.get('apiserver_requests_all_clients')} "
             f"| {per_replica} | {cost.get('apiserver_pod_gets', '-')} "
@@ -853,7 +855,7 @@ def markdown(document: dict[str, Any]) -> str:
             f"| {row['operator_cpu_seconds_ratio']} | {row['p50_ratio']} |"
         )
     lines += _cpu_table(document["sizes"])
-    analysis = Path(__file__).with_name("analysis.md")
+    analysis = where / "analysis.md"
     if analysis.exists():
         lines += ["", analysis.read_text().rstrip()]
     return "\n".join(lines) + "\n"
