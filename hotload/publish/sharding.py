@@ -75,25 +75,29 @@ def capture_held(
         raise ConfigError("the state_dict is empty")
     metas: list[TensorMeta] = []
     blocks: list[HeldBlock] = []
-    whole: list[tuple[str, torch.Tensor]] = []
+    whole: list[tuple[str, torch.Tensor, torch.dtype]] = []
     for name in sorted(state_dict):
         tensor = state_dict[name]
         if not isinstance(tensor, torch.Tensor):
             raise ConfigError("a state_dict maps names to tensors", tensor=name)
-        if dtype is not None and tensor.dtype != dtype:
-            tensor = tensor.to(dtype)
-        metas.append(
-            TensorMeta(name, safetensors_dtype(tensor).name, tuple(int(d) for d in tensor.shape))
-        )
+        # Converted to the snapshot's dtype in the one copy to the host (a DTensor's
+        # conversion first would copy every local shard twice while the loop waits).
+        target = dtype or tensor.dtype
+        metas.append(TensorMeta(name, _dtype_name(target), tuple(int(d) for d in tensor.shape)))
         if isinstance(tensor, DTensor) and not _replicated_everywhere(tensor):
-            block = _row_block(name, tensor)
+            block = _row_block(name, tensor, target)
             if block is not None:
                 blocks.append(block)
         else:
-            whole.append((name, tensor.to_local() if isinstance(tensor, DTensor) else tensor))
-    for name, tensor in _balanced(whole, members)[member]:
-        blocks.append(HeldBlock(name, 0, _host(tensor)))
+            local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+            whole.append((name, local, target))
+    for name, tensor, target in _balanced(whole, members)[member]:
+        blocks.append(HeldBlock(name, 0, _host(tensor, target)))
     return HeldWeights(tuple(metas), tuple(blocks))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return safetensors_dtype(torch.empty(0, dtype=dtype)).name
 
 
 def _replicated_everywhere(tensor: DTensor) -> bool:
@@ -101,25 +105,27 @@ def _replicated_everywhere(tensor: DTensor) -> bool:
 
 
 def _balanced(
-    tensors: list[tuple[str, torch.Tensor]], members: int
-) -> list[list[tuple[str, torch.Tensor]]]:
-    """Tensors every rank holds whole, shared among the ranks: largest first, each to the
-    rank with the fewest bytes so far (ties: the lowest rank); the same on every rank."""
-    shares: list[list[tuple[str, torch.Tensor]]] = [[] for _ in range(members)]
+    tensors: list[tuple[str, torch.Tensor, torch.dtype]], members: int
+) -> list[list[tuple[str, torch.Tensor, torch.dtype]]]:
+    """Tensors every rank holds whole, shared among the ranks: largest first (in the
+    snapshot's dtype), each to the rank with the fewest bytes so far (ties: the lowest
+    rank); the same on every rank."""
+    shares: list[list[tuple[str, torch.Tensor, torch.dtype]]] = [[] for _ in range(members)]
     loads = [0] * members
-    order = sorted(tensors, key=lambda item: (-item[1].numel() * item[1].element_size(), item[0]))
-    for name, tensor in order:
+    order = sorted(tensors, key=lambda item: (-item[1].numel() * item[2].itemsize, item[0]))
+    for name, tensor, target in order:
         rank = min(range(members), key=lambda r: (loads[r], r))
-        shares[rank].append((name, tensor))
-        loads[rank] += tensor.numel() * tensor.element_size()
+        shares[rank].append((name, tensor, target))
+        loads[rank] += tensor.numel() * target.itemsize
     return shares
 
 
-def _host(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach().to("cpu", copy=True).contiguous().reshape(-1)
+def _host(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A copy on the host in ``dtype``, flat (one pass: conversion and copy together)."""
+    return tensor.detach().to(device="cpu", dtype=dtype, copy=True).contiguous().reshape(-1)
 
 
-def _row_block(name: str, tensor: DTensor) -> HeldBlock | None:
+def _row_block(name: str, tensor: DTensor, dtype: torch.dtype) -> HeldBlock | None:
     """This rank's rows of a sharded DTensor, or None when another rank publishes them
     (it is not at coordinate 0 of a mesh dimension the block is replicated over) or it
     holds none (an uneven split leaves the last ranks without rows)."""
@@ -138,6 +144,7 @@ def _row_block(name: str, tensor: DTensor) -> HeldBlock | None:
     row_offset = _row_offset(tensor)
     for dim, placement in enumerate(tensor.placements):
         if isinstance(placement, Shard) and placement.dim > 0:
+            local = local.to(dtype)  # trade the snapshot's bytes, not the trainer's
             local, within = _rows_from_columns(local, placement.dim, mesh.get_group(dim))
             row_offset += within
     owner = all(
@@ -148,7 +155,7 @@ def _row_block(name: str, tensor: DTensor) -> HeldBlock | None:
     if not owner or local.numel() == 0:
         return None
     row = math.prod(tensor.shape[1:])
-    return HeldBlock(name, row_offset * row, _host(local))
+    return HeldBlock(name, row_offset * row, _host(local, dtype))
 
 
 def _row_offset(tensor: DTensor) -> int:
