@@ -12,15 +12,18 @@ Two capabilities change how the sidecar swaps (docs/engines.md, "Capabilities"):
   step: the sidecar neither pauses it nor holds new requests around an ASYNC load (the
   only pause is the engine's own swap).
 
-The reference engine has both. SGLang 0.5.23 and vLLM 0.33.0 have neither: their
-changed-tensor entry points replace whole tensors over CUDA IPC or NCCL from a torch
-process, and their disk reloads stop generation for the whole read (docs/engines.md,
+A third, :class:`StagesSwitch`, serves the coordinated switch: a load staged beside
+serving, swapped in at an instant. The reference engine has all three. SGLang 0.5.23 and
+vLLM 0.33.0 have none: their changed-tensor entry points replace whole tensors over CUDA
+IPC or NCCL from a torch process, and their disk reloads stop generation for the whole
+read (docs/engines.md,
 "Changed tensors only"). Capabilities are checked structurally (``isinstance`` against
 these runtime-checkable Protocols), so an adapter declares one by implementing it.
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -62,6 +65,32 @@ class SwapsBetweenTokens(Protocol):
 
 
 @runtime_checkable
+class StagesSwitch(Protocol):
+    """An engine that prepares a load beside serving and swaps it in at a given instant
+    (a coordinated switch: docs/operator.md). The reference engine does; SGLang and vLLM
+    do not (their load takes as long as their read), so the sidecar loads them at the
+    switch time instead."""
+
+    async def stage(self, path: Path, identity: Identity, *, kind: SnapshotKind) -> None:
+        """Read and check ``path`` and build its weights beside serving, held until
+        :meth:`switch_at` (a new stage replaces the last). ``EngineRejected``: refused,
+        the old weights serve on."""
+        ...
+
+    async def staged_identity(self) -> Identity | None:
+        """The snapshot staged now (None: nothing; an engine restart loses it)."""
+        ...
+
+    async def switch_at(
+        self, identity: Identity, at: datetime | None, *, cache_policy: KvCachePolicy | None
+    ) -> datetime:
+        """Swap the staged ``identity`` in between two tokens at ``at`` by the engine's
+        clock (None or past: at once); returns the instant it took effect, in the engine's
+        own words. ``EngineRejected`` when nothing is staged for it."""
+        ...
+
+
+@runtime_checkable
 class BindsAdapterPerRequest(Protocol):
     """An engine that keeps LoRA adapters beside its base weights and binds each request
     to one (or to none) when it admits it — SGLang (``lora_path``) and vLLM (``model``).
@@ -81,6 +110,11 @@ class BindsAdapterPerRequest(Protocol):
 def binds_adapter_per_request(engine: object) -> BindsAdapterPerRequest | None:
     """The engine as a :class:`BindsAdapterPerRequest`, or None when requests follow swaps."""
     return engine if isinstance(engine, BindsAdapterPerRequest) else None
+
+
+def stages_switch(engine: object) -> StagesSwitch | None:
+    """``engine`` as a :class:`StagesSwitch`, or None."""
+    return engine if isinstance(engine, StagesSwitch) else None
 
 
 def patches_in_place(engine: object) -> PatchesInPlace | None:

@@ -10,12 +10,16 @@ A 4xx on load means the weights were refused (the old ones keep serving):
 Capabilities (:mod:`hotload.engines.capabilities`): it patches a delta in place
 (:meth:`ReferenceEngine.apply_delta`) and swaps between two tokens
 (:meth:`ReferenceEngine.load_between_tokens`): it reads and checks a load beside serving
-and takes its model lock only to write the changed elements.
+and takes its model lock only to write the changed elements; and it stages a load for a
+coordinated switch (:meth:`ReferenceEngine.stage`, ``POST /admin/stage``) and swaps it in
+at an instant (:meth:`ReferenceEngine.switch_at`, ``POST /admin/switch``).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +111,40 @@ class ReferenceEngine(HttpEngine):
             "POST", "/admin/load", json=body, timeout=self._load_timeout
         )
         self._raise_for(response, "load", identity=identity, path=str(path))
+
+    async def stage(self, path: Path, identity: Identity, *, kind: SnapshotKind) -> None:
+        """``POST /admin/stage``: read, checked and built beside serving, held for
+        :meth:`switch_at` (a coordinated switch)."""
+        body = {"path": str(path), "identity": identity, "kind": kind.value}
+        response = await self._http.request(
+            "POST", "/admin/stage", json=body, timeout=self._load_timeout
+        )
+        self._raise_for(response, "stage", identity=identity, path=str(path))
+
+    async def staged_identity(self) -> Identity | None:
+        """``staged`` of ``GET /admin/identity``."""
+        response = await self._http.request("GET", "/admin/identity")
+        self._raise_for(response, "identity")
+        staged = json_object(response).get("staged")
+        return staged if isinstance(staged, str) else None
+
+    async def switch_at(
+        self, identity: Identity, at: datetime | None, *, cache_policy: KvCachePolicy | None
+    ) -> datetime:
+        """``POST /admin/switch``: the engine swaps at ``at`` by its own clock and answers
+        with the instant it did."""
+        body: dict[str, Any] = {"identity": identity, "at": at.timestamp() if at else None}
+        if cache_policy is not None:
+            body["cache_policy"] = cache_policy.value
+        wait = max(0.0, at.timestamp() - time.time()) if at is not None else 0.0
+        response = await self._http.request(
+            "POST", "/admin/switch", json=body, timeout=self._load_timeout + wait
+        )
+        self._raise_for(response, "switch", identity=identity)
+        took = json_object(response).get("at")
+        if not isinstance(took, int | float):
+            raise EngineRejected("the switch's answer names no instant", url=self.base_url)
+        return datetime.fromtimestamp(took, UTC)
 
     async def apply_delta(
         self, path: Path, identity: Identity, *, cache_policy: KvCachePolicy | None = None

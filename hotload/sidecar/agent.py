@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import httpx
 from prometheus_client import CollectorRegistry
 
+from hotload.api.switch import SwitchPhase
 from hotload.engines.protocol import Engine
 from hotload.sidecar.agent_view import AgentView
 from hotload.sidecar.config import AgentConfig
@@ -59,12 +60,14 @@ from hotload.sidecar.planning import (
     Step,
     StepKind,
     next_step,
+    same_snapshot,
     same_target,
     should_preempt,
 )
 from hotload.sidecar.pod_report import replica_report
 from hotload.sidecar.pod_writer import ObservedPod, PodWriter, since_of
 from hotload.sidecar.status import Phase, current_error
+from hotload.sidecar.switch_timing import coordinates
 
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
@@ -250,7 +253,10 @@ class SidecarAgent:
 
     def _execute(self, step: Step) -> None:
         if step.kind in JOB_OF_STEP:
-            self._runner.start(step)
+            coordinated = step.kind in (StepKind.BUILD, StepKind.SWAP) and coordinates(
+                self._parts.deployment, step.target, self._memory.serving
+            )
+            self._runner.start(step, coordinated=coordinated)
         elif step.kind is StepKind.IDLE:
             idle = Phase.WAITING if self._memory.serving is None else Phase.IDLE
             self._parts.status.phase = idle
@@ -277,6 +283,18 @@ class SidecarAgent:
 
     # --- the report -----------------------------------------------------------------------
 
+    def _switch_phase(self) -> SwitchPhase | None:
+        """``hotload.dev/switch``: Staged while the target waits staged for its switch
+        time, OnTime or Late once the engine serves it after a coordinated switch."""
+        note, target = self._runner.switch_note, self._parts.target()
+        if note is None or target is None or note[0] != target.identity:
+            return None
+        serving = self._memory.serving
+        serves_target = serving is not None and same_snapshot(serving, target)
+        if note[1] is SwitchPhase.STAGED:
+            return None if serves_target else SwitchPhase.STAGED
+        return note[1] if serves_target else None
+
     def _report(self) -> None:
         """Publish what the pod must say, from what is known now (the writer repairs any
         difference on the Pod, whoever made it)."""
@@ -291,6 +309,7 @@ class SidecarAgent:
             last_error=status.last_error,
             now=datetime.now(UTC),
             max_stale_steps=deployment.spec.hot_load.max_stale_steps if deployment else None,
+            switch=self._switch_phase(),
         )
         status.state, status.since = report.state, report.since
         status.reason, status.message = report.reason, report.message

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 from hotload.api import KvCachePolicy, SnapshotKind, Transition
@@ -47,6 +48,7 @@ from hotload.cancellation import run_in_thread
 from hotload.engines.capabilities import (
     PatchesInPlace,
     binds_adapter_per_request,
+    stages_switch,
     swaps_between_tokens,
 )
 from hotload.engines.protocol import Engine, EngineReport, PauseMode
@@ -114,6 +116,8 @@ class Handover:
         self.gate = gate
         self.metrics = metrics
         self.drain_timeout_s = drain_timeout_s
+        self.switched_at: datetime | None = None
+        """After a staged switch: the instant the engine says it took effect."""
         self.on_left_paused = on_left_paused
         """Called when the engine did not resume within :data:`RESUME_RETRY_S` (the agent
         resumes it later, between jobs)."""
@@ -129,8 +133,15 @@ class Handover:
         on_swapping: Callable[[], None],
         recovery: Staged | None = None,
         on_confirmed: Callable[[EngineReport], None] | None = None,
+        switch_at: datetime | None = None,
     ) -> EngineReport:
         """Load ``staged`` from ``slot`` into the engine; the engine's report afterwards.
+
+        ``switch_at``: a coordinated switch's instant. An engine that stages
+        (:class:`~hotload.engines.capabilities.StagesSwitch`, its stage made beforehand)
+        swaps between two tokens at that instant by its own clock, whatever the transition
+        (:attr:`switched_at` then holds the instant it says it took effect); another engine
+        is loaded as always (the caller starts it at the instant).
 
         ``served`` is the buffer served until now (its role is kept until the engine
         confirmed the new one), ``recovery`` what it holds. ``on_swapping`` is called
@@ -141,14 +152,21 @@ class Handover:
         """
         path = self.staging.engine_path(slot, staged.identity)
         between = swaps_between_tokens(self.engine)
-        if transition is Transition.ASYNC and between is not None:
+        stager = stages_switch(self.engine) if switch_at is not None else None
+        if stager is not None or (transition is Transition.ASYNC and between is not None):
             on_swapping()
             if slot != served:
                 await run_in_thread(self.staging.set_roles, served, slot)
             try:
-                await between.load_between_tokens(
-                    path, staged.identity, kind=staged.kind, cache_policy=cache_policy
-                )
+                if stager is not None:
+                    self.switched_at = await stager.switch_at(
+                        staged.identity, switch_at, cache_policy=cache_policy
+                    )
+                else:
+                    assert between is not None
+                    await between.load_between_tokens(
+                        path, staged.identity, kind=staged.kind, cache_policy=cache_policy
+                    )
             except (EngineRejected, EngineBusy) as err:
                 raise HandoverFailed(err, outcome_known=True) from err
             except Exception as err:  # a timeout, a lost answer, a server error: unknown

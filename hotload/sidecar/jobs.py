@@ -28,8 +28,9 @@ from datetime import UTC, datetime
 from hotload.api import LoadPath, ReplicaState, SnapshotRef, Transition
 from hotload.api.kinds import Identity
 from hotload.api.reasons import INTERNAL_ERROR
+from hotload.api.switch import SwitchPhase
 from hotload.cancellation import Cancelled, CancelToken, run_cancellable, run_in_thread
-from hotload.engines.capabilities import PatchesInPlace, patches_in_place
+from hotload.engines.capabilities import PatchesInPlace, patches_in_place, stages_switch
 from hotload.engines.protocol import Engine, EngineReport
 from hotload.errors import DigestMismatch, HotloadError
 from hotload.sidecar.handover import Handover, HandoverFailed, PatchRefused
@@ -64,6 +65,7 @@ from hotload.sidecar.planning import (
     same_snapshot,
 )
 from hotload.sidecar.status import ErrorRecord, Phase, SwapRecord
+from hotload.sidecar.switch_timing import due, switch_time_of, switched, wait_s
 from hotload.snapshot import manifest_digest
 
 
@@ -82,6 +84,9 @@ class RunningJob:
     already_handed: bool = False
     """That buffer was handed before this job (an earlier load of unknown outcome): a
     refusal of this job's load says nothing about that one."""
+    coordinated: bool = False
+    """A coordinated switch (:mod:`~hotload.sidecar.switch_timing`): a build stops once
+    built, a swap stages and waits for the switch time."""
 
 
 #: The job each step that needs one runs as (the other steps only set the phase).
@@ -113,13 +118,17 @@ class JobRunner:
         self._on_done = on_done
         self.current: RunningJob | None = None
         """The job in flight (until the loop sees it finished, or stops it)."""
+        self.switch_note: tuple[Identity, SwitchPhase] | None = None
+        """A coordinated switch's word for the pod: the target Staged (waiting for its
+        time), or swapped OnTime or Late."""
 
-    def start(self, step: Step) -> None:
-        """Run ``step`` as the job in flight; its failure is folded when it returns."""
+    def start(self, step: Step, *, coordinated: bool = False) -> None:
+        """Run ``step`` as the job in flight; its failure is folded when it returns.
+        ``coordinated``: the swap waits for a coordinated switch time."""
         job = JOB_OF_STEP[step.kind]
         # A reload works for whatever the target is now; the other jobs for the step's.
         target = self._parts.target() if job is Job.RELOAD else step.target
-        running = RunningJob(job, target, CancelToken())
+        running = RunningJob(job, target, CancelToken(), coordinated=coordinated)
         self.current = running
         running.task = asyncio.get_running_loop().create_task(
             self._job(step, running), name=f"job {job.value}"
@@ -159,6 +168,9 @@ class JobRunner:
             if step.kind in (StepKind.SETTLE, StepKind.RELOAD):
                 assert step.slot is not None
                 await self._reload(step.slot, step.kind, running)
+            elif step.kind is StepKind.SWAP and running.coordinated:
+                assert step.slot is not None and step.target is not None
+                await self._staged_swap(step.slot, step.target, running)
             elif step.kind is StepKind.SWAP:
                 assert step.slot is not None and step.target is not None
                 await self._swap_built(step.slot, step.target, running)
@@ -205,7 +217,7 @@ class JobRunner:
         timings = LoadTimings()
         started = datetime.now(UTC)
         engine = parts.ensure_engine(deployment)
-        applier = patches_in_place(engine)
+        applier = None if running.coordinated else patches_in_place(engine)
         if applier is not None and await self._route(loader, target) is Route.IN_ENGINE:
             if await self._apply_in_engine(
                 applier, loader, target, timings, started, manifests_before, running
@@ -219,6 +231,8 @@ class JobRunner:
         # Manifests count as bytes moved when this attempt read them from the bucket.
         timings.fetched_bytes += loader.manifest_bytes - manifests_before
         await self.refresh()
+        if running.coordinated:
+            return  # built: the next step stages it and waits for the switch time
         await self._hand(into, built.staged, target, built.via, timings, started, running)
 
     async def _route(self, loader: SnapshotLoader, target: SnapshotRef) -> Route:
@@ -378,17 +392,55 @@ class JobRunner:
     async def _swap_built(self, slot: Slot, target: SnapshotRef, running: RunningJob) -> None:
         """Hand over a target built earlier (its swap was refused busy): re-hashed first,
         since its files sat in staging meanwhile; a changed file means a fresh build."""
+        staged = await self._verified(slot, running)
+        if staged is not None:
+            await self._hand(slot, staged, target, None, LoadTimings(), datetime.now(UTC), running)
+
+    async def _verified(self, slot: Slot, running: RunningJob) -> Staged | None:
+        """What ``slot`` holds, re-hashed (a changed file clears it: a fresh build)."""
         parts = self._parts
         staged = self._memory().buffers.held(slot)
         if staged is None:
-            return
+            return None
         parts.status.phase = Phase.VERIFYING
         try:
             await run_cancellable(running.token, parts.staging.verify, slot, staged)
         except HotloadError as err:
             await run_in_thread(parts.staging.clear_slot, slot)
             raise BuildFailed(err, staged.identity) from err
-        await self._hand(slot, staged, target, None, LoadTimings(), datetime.now(UTC), running)
+        return staged
+
+    async def _staged_swap(self, slot: Slot, target: SnapshotRef, running: RunningJob) -> None:
+        """A coordinated switch: the built target verified, staged in an engine that
+        stages, reported Staged; then swapped at the switch time the target carries
+        (docs/operator.md, "Coordinated switch"). Until the swap begins this job is a
+        build (preempted by a new target, an abort taking the target back, or an engine
+        that lost its weights); a stage the engine lost is made again by the next one."""
+        parts = self._parts
+        staged = await self._verified(slot, running)
+        if staged is None:
+            return
+        engine = parts.ensure_engine(parts.require_deployment())
+        await engine.wait_ready(parts.config.engine_ready_timeout_s)
+        stager = stages_switch(engine)
+        if stager is not None and await stager.staged_identity() != staged.identity:
+            path = parts.staging.engine_path(slot, staged.identity)
+            await stager.stage(path, staged.identity, kind=staged.kind)
+        self.switch_note = (target.identity, SwitchPhase.STAGED)
+        self._on_done()  # the loop reports Staged now
+        log.info("staged for a coordinated switch", extra={**parts.context(),
+                 "snapshot": staged.identity, "in_engine": stager is not None})  # fmt: skip
+        while True:
+            current = parts.target()
+            at = switch_time_of(current) if same_snapshot(current, target) else None
+            now = datetime.now(UTC)
+            if due(at, now, stages=stager is not None):
+                break
+            await asyncio.sleep(wait_s(at, now, stages=stager is not None))
+        assert at is not None and current is not None
+        phase = switched(at, now)
+        await self._hand(slot, staged, current, None, LoadTimings(), now, running, switch_at=at)
+        self.switch_note = (target.identity, phase)
 
     # --- reloading ------------------------------------------------------------------------
 
@@ -517,8 +569,11 @@ class JobRunner:
         timings: LoadTimings,
         started: datetime,
         running: RunningJob,
+        *,
+        switch_at: datetime | None = None,
     ) -> None:
-        """Hand ``slot`` to the engine and record what it now serves."""
+        """Hand ``slot`` to the engine and record what it now serves (``switch_at``: a
+        coordinated switch's instant, see :meth:`Handover.hand`)."""
         parts = self._parts
         deployment = parts.require_deployment()
         engine = parts.ensure_engine(deployment)
@@ -544,8 +599,9 @@ class JobRunner:
             self._apply(Served(staged, final_via, slot, report.instance_id, report.generation))
 
         await engine.wait_ready(parts.config.engine_ready_timeout_s)
+        handover = self._handover(engine, owe_resume=True)
         with timings.phase("swap", parts.metrics):
-            report = await self._handover(engine, owe_resume=True).hand(
+            report = await handover.hand(
                 slot,
                 staged,
                 served=served_slot,
@@ -554,8 +610,14 @@ class JobRunner:
                 on_swapping=swapping,
                 recovery=self._memory().buffers.held(served_slot) if served_slot else None,
                 on_confirmed=confirmed,
+                switch_at=switch_at,
             )
         parts.fence.end()
+        if switch_at is not None:
+            took = handover.switched_at
+            log.info("coordinated switch", extra={**parts.context(), "snapshot": staged.identity,
+                     "switch_at": switch_at.isoformat(), "engine_switched_at":
+                     took.isoformat() if took else None})  # fmt: skip
         memory = self._memory()
         previous = memory.buffers.served
         clear_previous = memory.fresh and target is not None and previous not in (None, slot)

@@ -29,10 +29,12 @@ from hotload.api.pod import (
     ANNOTATION_SINCE,
     ANNOTATION_SNAPSHOT,
     ANNOTATION_STATE,
+    ANNOTATION_SWITCH,
     ANNOTATION_TARGET,
     ANNOTATION_VIA,
     CONDITION_SNAPSHOT_READY,
 )
+from hotload.api.switch import SwitchPhase
 from hotload.sidecar.planning import Hold, Serving, replica_state
 from hotload.sidecar.status import ErrorRecord
 
@@ -55,6 +57,8 @@ class PodAnnotations:
     message: str | None = None
     failed_identity: Identity | None = None
     """While Failed: the snapshot whose files failed (may be an earlier link of a replay)."""
+    switch: SwitchPhase | None = None
+    """A coordinated switch: Staged (Loading), OnTime or Late (Ready)."""
 
     def values(self) -> dict[str, str | None]:
         """Annotation key → value; None removes the key (merge-patch semantics)."""
@@ -70,6 +74,7 @@ class PodAnnotations:
             ANNOTATION_REASON: self.reason if why else None,
             ANNOTATION_MESSAGE: message,
             ANNOTATION_FAILED_SNAPSHOT: self.failed_identity if failed else None,
+            ANNOTATION_SWITCH: self.switch.value if self.switch else None,
         }
 
     def same_content(self, other: PodAnnotations | None) -> bool:
@@ -169,6 +174,7 @@ def replica_report(
     last_error: ErrorRecord | None = None,
     now: datetime,
     max_stale_steps: int | None,
+    switch: SwitchPhase | None = None,
 ) -> ReplicaReport:
     """The pod's report from what the agent knows (``previous``: the last state and since;
     ``last_error``: the agent's last failure, which a Loading pod names while it retries
@@ -206,6 +212,7 @@ def replica_report(
         reason=reason or (retrying.reason if retrying else None),
         message=message or (retrying.message if retrying else None),
         failed_identity=hold.failed_identity if failed and hold else None,
+        switch=switch if state is not ReplicaState.FAILED else None,
     )
     gate = readiness_gate(
         serving.step if serving else None,

@@ -12,6 +12,11 @@
   serve on; ``"fallback": "load"`` when the delta cannot be patched in place and the
   rebuilt directory should be loaded instead), 409 (another load runs). Both take an
   optional ``cache_policy``, applied between the same two tokens as the swap.
+  ``POST /admin/stage {path, identity, kind}`` — read, check and build a load beside
+  serving and hold it (a coordinated switch); ``POST /admin/switch {identity, at}`` — swap
+  the staged load in between two tokens at the wall-clock instant ``at`` (Unix seconds)
+  and answer with the instant it took effect (422: nothing staged for it). Every swap's
+  instant is in ``swap_log`` of ``/admin/identity``: the engine's own word on when.
   ``POST /admin/pause {mode}``, ``POST /admin/resume``, ``POST /admin/reset_cache
   {policy}``, ``GET /admin/identity``, ``GET /admin/cache``.
 - Debugging for tests: ``POST /admin/logits {prompt_token_ids}`` (sha256 of the float32
@@ -48,7 +53,9 @@ from hotload.engines.reference.schemas import (
     LogitsRequest,
     PauseRequest,
     ResetCacheRequest,
+    StageRequest,
     SwapDelayRequest,
+    SwitchRequest,
 )
 from hotload.errors import ConfigError, DeltaNotApplicable, EngineBusy, EngineRejected
 from hotload.mounts import host_path
@@ -240,6 +247,22 @@ async def load(body: LoadRequest, request: Request) -> dict[str, Any]:
         "read_seconds": report.read_seconds,
         "swap_seconds": report.swap_seconds,
     }
+
+
+@router.post("/admin/stage")
+async def stage(body: StageRequest, request: Request) -> dict[str, Any]:
+    state = _state(request)
+    seconds = await state.runtime.stage(host_path(body.path, state.root), body.identity, body.kind)
+    return {"identity": body.identity, "staged_seconds": seconds}
+
+
+@router.post("/admin/switch")
+async def switch(body: SwitchRequest, request: Request) -> dict[str, Any]:
+    state = _state(request)
+    await state.runtime.switch(body.identity, at=body.at, cache_policy=body.cache_policy)
+    switches = (r for r in reversed(state.runtime.swap_log) if r.how == "switch")
+    record = next(r for r in switches if r.identity == body.identity)
+    return {"identity": record.identity, "at": record.at, "requested_at": record.requested_at}
 
 
 @router.post("/admin/apply_delta")

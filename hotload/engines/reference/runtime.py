@@ -25,6 +25,12 @@ bits under ``_storage_lock``, not the model lock, when the engine holds its own 
 (another compute dtype): tokens keep flowing meanwhile. After a delta it is the delta's
 manifest digest, proven by the patch, which checked every tensor's hash against it.
 
+A coordinated switch (docs/operator.md) stages first: ``stage`` prepares a load exactly as a
+load does (read, validated, the new parameters built beside serving) and holds it;
+``switch`` takes the lock just before the requested wall-clock instant and swaps between
+two tokens at it. Every swap is recorded with the wall-clock time it took effect
+(``swap_log``, in ``/admin/identity``): the engine's own word on when it switched.
+
 Pausing (``PauseMode``): ``in_place`` stops in-flight generations before their next
 token and holds new ones; ``wait`` holds new ones and returns once in-flight ones ended.
 ``resume`` releases both. Forward passes run in threads so the event loop keeps serving.
@@ -33,10 +39,12 @@ token and holds new ones; ``wait`` holds new ones and returns once in-flight one
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Coroutine, Sequence
+from collections import deque
+from collections.abc import AsyncGenerator, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +68,10 @@ from hotload.snapshot.digest import tensor_hash, tensor_set_digest
 log = logging.getLogger(__name__)
 
 INITIAL_IDENTITY = "init"
+SWITCH_LOCK_AHEAD_S = 0.05
+"""A timed switch takes the model lock this long before its instant (the step running then
+ends first), so that the swap lands on the instant, not one forward step after it."""
+SWAP_LOG_LENGTH = 16
 DECODE_THREADS = 2
 """Threads decoding a delta's chunks: the patch's length is the time to Ready, and the
 forward passes streaming meanwhile still win the cores when the patch runs with a
@@ -119,6 +131,36 @@ class _Prepared:
     compute dtype, built beside serving; the swap only points the parameters at them."""
     held: dict[str, torch.Tensor] | None = None
     """With ``fresh``: the new held bits (the snapshot's dtype)."""
+
+
+@dataclass(frozen=True)
+class SwapRecord:
+    """One swap as the engine saw it."""
+
+    identity: Identity
+    how: str
+    """``load``, ``delta`` or ``switch`` (a staged load swapped at a requested instant)."""
+    at: float
+    """Wall-clock time (Unix seconds) when the new weights began serving."""
+    requested_at: float | None = None
+    """A timed switch's requested instant."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"identity": self.identity, "how": self.how, "at": self.at,
+                "requested_at": self.requested_at}  # fmt: skip
+
+
+@dataclass
+class _Staged:
+    """A load prepared beside serving, held until its switch."""
+
+    identity: Identity
+    kind: SnapshotKind
+    path: Path
+    prepared: _Prepared
+    swaps: int
+    """The engine's swap count when prepared: a swap since makes the preparation stale
+    (it may have been built against the weights served then)."""
 
 
 def _point_at(parameters: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor]) -> None:
@@ -198,6 +240,10 @@ class ReferenceRuntime:
         self._unwaited: set[asyncio.Future[LoadReport]] = set()
         """Loads and patches running (:meth:`_to_the_end`): a reference keeps each alive."""
         self.swaps = 0
+        self.swap_log: deque[SwapRecord] = deque(maxlen=SWAP_LOG_LENGTH)
+        """The last swaps, newest last, each with the wall-clock time it took effect."""
+        self._staged: _Staged | None = None
+        """A load staged for a coordinated switch (``stage``), until ``switch``."""
         self.deltas_applied = 0
         """Deltas patched in place (``apply_delta``) since the start."""
         self._storage: dict[str, torch.Tensor] | None = None
@@ -252,6 +298,18 @@ class ReferenceRuntime:
             name: delta.changed_positions(storage[name], tensor) for name, tensor in tensors.items()
         }
         return _Prepared(kind, tensors=tensors, changed=changed, aliases=aliases)
+
+    def _prepare_staged(self, path: Path, kind: SnapshotKind) -> _Prepared:
+        """A preparation whose swap is pointer changes only (new parameters built beside
+        serving, whatever the dtypes), so that a timed switch lands on its instant."""
+        prepared = self._prepare(path, kind)
+        if prepared.merged is not None or prepared.fresh is not None:
+            return prepared
+        tensors = prepared.tensors or {}
+        # Copies: the tensors read may be views of the snapshot's files.
+        fresh = {name: t.to(self.compute_dtype, copy=True) for name, t in tensors.items()}
+        # Not an own copy: the held bits are the parameters themselves, i.e. ``fresh``.
+        return _Prepared(kind, tensors=tensors, aliases=prepared.aliases, fresh=fresh, held=fresh)
 
     def _merge_lora(self, path: Path) -> torch.nn.Module:
         return merge_lora(self._base, path)
@@ -373,6 +431,7 @@ class ReferenceRuntime:
             previous, self.identity = self.identity, identity
             self.kind = SnapshotKind.INCREMENTAL
             self.swaps += 1
+            self.swap_log.append(SwapRecord(identity, "delta", time.time()))
             self.deltas_applied += 1
             # The patch checked every tensor's hash against this manifest.
             self._loaded_aliases = {}
@@ -429,6 +488,7 @@ class ReferenceRuntime:
                 self._loaded_aliases = prepared.aliases
                 self.loaded = True
                 self.swaps += 1
+                self.swap_log.append(SwapRecord(identity, "load", time.time()))
             report = LoadReport(
                 identity, kind, read_done - started, time.perf_counter() - read_done
             )
@@ -447,6 +507,91 @@ class ReferenceRuntime:
         finally:
             self._loading = False
             self.loading = None
+
+    # --- a coordinated switch: stage, then swap at an instant ---------------------------
+
+    async def stage(self, path: Path, identity: Identity, kind: SnapshotKind) -> float:
+        """Prepare a load of ``path`` beside serving and hold it for :meth:`switch` (one at
+        a time: a new stage replaces the last). Returns the seconds it took. Refused
+        (``EngineRejected``) like a load, with the old weights serving on."""
+        with self._one_load(identity):
+            started = time.perf_counter()
+            self._staged = None
+            prepared = await asyncio.to_thread(self._prepare_staged, path, kind)
+            self._staged = _Staged(identity, kind, path, prepared, self.swaps)
+            log.info("load staged", extra={"snapshot": identity, "path": str(path)})
+            return time.perf_counter() - started
+
+    @contextlib.contextmanager
+    def _one_load(self, identity: Identity) -> Iterator[None]:
+        """Mark a stage or a switch running (``EngineBusy`` while another load runs)."""
+        if self._loading:
+            raise EngineBusy("another load is running", identity=identity)
+        self._loading = True
+        self.loading = identity
+        try:
+            yield
+        finally:
+            self._loading = False
+            self.loading = None
+
+    async def switch(
+        self,
+        identity: Identity,
+        *,
+        at: float | None = None,
+        cache_policy: KvCachePolicy | None = None,
+    ) -> LoadReport:
+        """Swap in the load staged for ``identity`` between two tokens, at the wall-clock
+        instant ``at`` (Unix seconds; None or past: at once). ``EngineRejected`` when
+        nothing is staged for it. Runs to its end even if the caller is cancelled."""
+        return await self._to_the_end(self._switch(identity, at, cache_policy))
+
+    async def _switch(
+        self, identity: Identity, at: float | None, cache_policy: KvCachePolicy | None
+    ) -> LoadReport:
+        staged = self._staged
+        if staged is None or staged.identity != identity:
+            raise EngineRejected(
+                "no load is staged for this snapshot",
+                expected=identity,
+                found=staged.identity if staged else None,
+            )
+        with self._one_load(identity):
+            started = time.perf_counter()
+            prepared = staged.prepared
+            if staged.swaps != self.swaps:  # built against weights served before
+                prepared = await asyncio.to_thread(self._prepare_staged, staged.path, staged.kind)
+            if at is not None and (early := at - SWITCH_LOCK_AHEAD_S - time.time()) > 0:
+                await asyncio.sleep(early)
+            read_done = time.perf_counter()
+            self._spare.drop()
+            async with self.model_lock, self._storage_lock:
+                if at is not None and (wait := at - time.time()) > 0:
+                    await asyncio.sleep(wait)
+                if prepared.fresh is not None or prepared.merged is not None:
+                    self._apply(prepared)  # pointers only: no thread hand-off at the instant
+                else:
+                    await asyncio.to_thread(self._apply, prepared)
+                if cache_policy is not None:
+                    self.cache.apply(cache_policy)
+                previous, self.identity, self.kind = self.identity, identity, staged.kind
+                self._loaded_aliases = prepared.aliases
+                self.loaded = True
+                self.swaps += 1
+                record = SwapRecord(identity, "switch", time.time(), at)
+                self.swap_log.append(record)
+            self._staged = None
+            report = LoadReport(
+                identity, staged.kind, read_done - started, time.perf_counter() - read_done
+            )
+            log.info(
+                "staged weights switched in",
+                extra={"snapshot": identity, "previous": previous, "at": record.at,
+                       "requested_at": at,
+                       "late_ms": round((record.at - at) * 1000, 2) if at else None},
+            )  # fmt: skip
+            return report
 
     # --- pausing ---------------------------------------------------------------------
 
@@ -624,6 +769,8 @@ class ReferenceRuntime:
             "active_generations": self._active,
             "waiting_generations": self._admitting,
             "swaps": self.swaps,
+            "swap_log": [record.describe() for record in self.swap_log],
+            "staged": self._staged.identity if self._staged else None,
             "deltas_applied": self.deltas_applied,
             "storage_dtype": rm.dtype_name(self.storage_dtype),
             "compute_dtype": rm.dtype_name(self.compute_dtype),

@@ -59,6 +59,27 @@ class LoadRequest(BaseModel):
     """Applied between the same two tokens as the swap (None: the cache is kept)."""
 
 
+class StageRequest(BaseModel):
+    """A load prepared beside serving and held for a timed switch (coordinated switch)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: Annotated[str, Field(min_length=1)]
+    identity: ValidIdentity
+    kind: SnapshotKind = SnapshotKind.FULL
+
+
+class SwitchRequest(BaseModel):
+    """Swap in the staged load of ``identity`` at the wall-clock instant ``at``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    identity: ValidIdentity
+    at: float | None = None
+    """Unix seconds; None or past: at once."""
+    cache_policy: KvCachePolicy | None = None
+
+
 class DeltaRequest(BaseModel):
     """A verified delta (an Incremental snapshot directory) of the served snapshot."""
 
