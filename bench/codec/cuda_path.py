@@ -93,8 +93,13 @@ def files_of(directory: Path) -> dict[str, bytes]:
 
 
 def encode_times(
-    previous: dict[str, Any], current: dict[str, Any], device: str, work: Path, *,
-    threads: int, repeats: int,
+    previous: dict[str, Any],
+    current: dict[str, Any],
+    device: str,
+    work: Path,
+    *,
+    threads: int,
+    repeats: int,
 ) -> tuple[list[float], dict[str, bytes]]:
     prev_on, cur_on = on(device, previous), on(device, current)
     sync(device)
@@ -104,8 +109,13 @@ def encode_times(
         out = work / f"delta-{device}-{threads}-{i}"
         started = time.perf_counter()
         encode_state_dict(
-            cur_on, out, identity="s1", step=1, previous=prev_on,
-            previous_identity="s0", threads=threads,
+            cur_on,
+            out,
+            identity="s1",
+            step=1,
+            previous=prev_on,
+            previous_identity="s0",
+            threads=threads,
         )
         sync(device)
         times.append(time.perf_counter() - started)
@@ -115,7 +125,11 @@ def encode_times(
 
 
 def patch_times(
-    previous: dict[str, Any], current: dict[str, Any], delta: Path, device: str, *,
+    previous: dict[str, Any],
+    current: dict[str, Any],
+    delta: Path,
+    device: str,
+    *,
     repeats: int,
 ) -> list[float]:
     times: list[float] = []
@@ -196,12 +210,21 @@ def main() -> None:
 
     def row(work: str, device: str, threads: int, times: list[float]) -> None:
         median = statistics.median(times)
-        rows.append({
-            "work": work, "device": device, "threads": threads, "times": times,
-            "median_s": median, "mb_per_s": weight_mb / median,
-        })
-        print(f"{work:6s} {device:4s} threads={threads:2d} median {median:.3f} s "
-              f"({weight_mb / median:.0f} MB/s)", flush=True)
+        rows.append(
+            {
+                "work": work,
+                "device": device,
+                "threads": threads,
+                "times": times,
+                "median_s": median,
+                "mb_per_s": weight_mb / median,
+            }
+        )
+        print(
+            f"{work:6s} {device:4s} threads={threads:2d} median {median:.3f} s "
+            f"({weight_mb / median:.0f} MB/s)",
+            flush=True,
+        )
 
     with tempfile.TemporaryDirectory(prefix="cuda-path-") as tmp:
         work = Path(tmp)
@@ -226,16 +249,28 @@ def main() -> None:
         encode_state_dict(previous, full, identity="s0", step=0)
         rebuild(None, full, work / "r0")
         encode_state_dict(
-            current, work / "s1", identity="s1", step=1, previous=work / "r0",
+            current,
+            work / "s1",
+            identity="s1",
+            step=1,
+            previous=work / "r0",
             previous_identity="s0",
         )
         delta_bytes = sum(p.stat().st_size for p in (work / "s1").iterdir() if p.is_file())
-        row("patch", "cpu", 1, patch_times(
-            previous, current, work / "s1", "cpu", repeats=args.repeats))
+        row(
+            "patch",
+            "cpu",
+            1,
+            patch_times(previous, current, work / "s1", "cpu", repeats=args.repeats),
+        )
         checks.append("every CPU patch bit-exact")
         if cuda:
-            row("patch", "cuda", 1, patch_times(
-                previous, current, work / "s1", "cuda", repeats=args.repeats))
+            row(
+                "patch",
+                "cuda",
+                1,
+                patch_times(previous, current, work / "s1", "cuda", repeats=args.repeats),
+            )
             checks.append("every CUDA patch bit-exact")
     results = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
