@@ -70,6 +70,14 @@ class ManifestInvalid(SnapshotError):
     reason = "ManifestInvalid"
 
 
+class TargetInconsistent(HotloadError):
+    """The deployment's target disagrees with the snapshot's own manifest (its step or kind):
+    a fault of whoever wrote the target, not of the snapshot, so never a chain break. The
+    replica waits for the target to change (the operator repairs it)."""
+
+    reason = "TargetInconsistent"
+
+
 class ChecksumMismatch(SnapshotError):
     """Stored bytes or a rebuilt tensor hash differently than the manifest says."""
 

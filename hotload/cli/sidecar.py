@@ -73,6 +73,7 @@ async def _run(environ: Mapping[str, str], config: AgentConfig) -> None:
             admin_api_key=environ.get(ENV_ENGINE_ADMIN_API_KEY) or None,
             verify_digest=spec.verify_digest,
             launch_version=spec.launch_version,
+            root=config.root,
         )
 
     agent = SidecarAgent(config, api, CollectorRegistry(), engine_for)

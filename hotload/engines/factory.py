@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 
 from hotload.api import EngineKind
@@ -36,6 +38,7 @@ def make_engine(
     load_timeout: float | None = None,
     verify_digest: bool = False,
     launch_version: str | None = None,
+    root: Path | None = None,
 ) -> Engine:
     """The adapter for ``kind`` talking to ``base_url`` (ignored for ``noop``).
 
@@ -46,9 +49,11 @@ def make_engine(
     report their own checksum of the loaded weights when asked for a digest.
     ``launch_version`` (``spec.engine.launchVersion``): the version SGLang or vLLM reports
     before any load, which names no snapshot (None: their default, ``"default"``).
+    ``root``: where mount paths lie on this host (the noop engine reads the directory it
+    is handed; other engines run in their own container).
     """
     if kind is EngineKind.NOOP:
-        return NoopEngine()
+        return NoopEngine(root)
     if not base_url:
         raise ConfigError("an engine other than noop needs a base URL", engine=kind.value)
     timeouts: dict[str, float] = {} if load_timeout is None else {"load_timeout": load_timeout}

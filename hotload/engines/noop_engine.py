@@ -5,6 +5,9 @@ told so the sidecar's reporting and the operator's ledger behave as with a real 
 Its "weights" are the directory it was handed: its digest is the one the decoder recorded
 in that rebuilt directory for that snapshot (a directory without one gives no digest), so
 the sidecar's digest check and the operator's corroboration behave as with a real engine.
+The path it is handed is the one an engine container sees (under the staging volume's
+mount path); ``root`` says where mount paths lie on this host (the local runtime's pod
+root), as for the sidecar itself.
 """
 
 from __future__ import annotations
@@ -17,13 +20,15 @@ from typing import Any
 from hotload.api import EngineKind, KvCachePolicy, SnapshotKind
 from hotload.api.kinds import Identity
 from hotload.engines.protocol import EngineReport, PauseMode
+from hotload.mounts import host_path
 from hotload.snapshot.decoder import read_rebuilt_record
 
 
 class NoopEngine:
     """An engine that is always healthy and loads anything instantly."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: Path | None = None) -> None:
+        self._root = root
         self._identity: Identity | None = None
         self._digest: str | None = None
         self._instance = uuid.uuid4().hex
@@ -62,7 +67,7 @@ class NoopEngine:
     async def load_weights(self, path: Path, identity: Identity, *, kind: SnapshotKind) -> None:
         self.loads.append((path, identity, kind))
         self._identity = identity
-        record = read_rebuilt_record(path)
+        record = read_rebuilt_record(host_path(path.as_posix(), self._root))
         recorded = record.get("tensorDigest") if record is not None else None
         same = record is not None and record.get("identity") == identity
         self._digest = recorded if same and isinstance(recorded, str) else None

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import httpx
 from prometheus_client import CollectorRegistry
 
+from hotload.api import SnapshotRef, reasons
 from hotload.api.switch import SwitchPhase
 from hotload.engines.protocol import Engine
 from hotload.sidecar.agent_view import AgentView
@@ -46,6 +47,7 @@ from hotload.sidecar.jobs import JOB_OF_STEP, JobRunner
 from hotload.sidecar.memory import (
     AtTarget,
     Fact,
+    Failed,
     Memory,
     RetryDue,
     TargetSeen,
@@ -57,12 +59,15 @@ from hotload.sidecar.metrics import AgentMetrics
 from hotload.sidecar.observer import EngineObserver
 from hotload.sidecar.parts import AgentParts, EngineFactory
 from hotload.sidecar.planning import (
+    Action,
+    FailureDecision,
     Step,
     StepKind,
     next_step,
     same_snapshot,
     same_target,
     should_preempt,
+    unconfirmed_backward,
 )
 from hotload.sidecar.pod_report import replica_report
 from hotload.sidecar.pod_writer import ObservedPod, PodWriter, since_of
@@ -215,6 +220,8 @@ class SidecarAgent:
     async def _decide(self) -> None:
         target = self._parts.target()
         self._apply(TargetSeen(target))
+        if self._refuses_backward(target):
+            return
         job = self._runner.current
         if job is not None:
             if not should_preempt(job.job, job.target, target, engine_lost=job.engine_lost):
@@ -250,6 +257,29 @@ class SidecarAgent:
             engine_unconfirmed=memory.unconfirmed,
         )
         self._execute(step)
+
+    def _refuses_backward(self, target: SnapshotRef | None) -> bool:
+        """Another writer moved the target back (the operator's ``status.rollback`` does not
+        name it): nothing older is loaded and the job in flight goes on; the pod says
+        Failed/TargetInconsistent until the operator repairs the target."""
+        deployment = self._parts.deployment
+        rollback = deployment.status.rollback if deployment and deployment.status else None
+        confirmed = rollback.to_identity if rollback is not None else None
+        if target is None or not unconfirmed_backward(target, self._memory.serving, confirmed):
+            return False
+        hold = self._memory.hold
+        if hold is None or not same_target(hold.target, target):
+            message = (
+                f"the target {target.identity} (step {target.step}) is behind the served "
+                "snapshot and the operator did not move it back (status.rollback does not "
+                "name it): not loaded; waiting for the operator's repair"
+            )
+            log.warning("refusing a backward target", extra={**self._parts.context(),
+                                                            "target": target.identity})  # fmt: skip
+            decision = FailureDecision(Action.FAIL, reasons.TARGET_INCONSISTENT)
+            self._apply(Failed(decision, target, message, target.identity))
+        self._parts.status.phase = Phase.FAILED
+        return True
 
     def _execute(self, step: Step) -> None:
         if step.kind in JOB_OF_STEP:

@@ -62,6 +62,7 @@ from hotload.sidecar.planning import (
     after_failure,
     choose_build,
     choose_route,
+    confirms_digest,
     same_snapshot,
 )
 from hotload.sidecar.status import ErrorRecord, Phase, SwapRecord
@@ -326,6 +327,7 @@ class JobRunner:
                 report.instance_id,
                 target,
                 generation=report.generation,
+                digest_confirmed=confirms_digest(report.digest, staged.digest),
             )
         )
         parts.record_swap(staged, LoadPath.DELTA, timings, started, in_engine=True)
@@ -596,7 +598,12 @@ class JobRunner:
 
         def confirmed(report: EngineReport) -> None:
             # Before held requests resume: the front labels their tokens with this.
-            self._apply(Served(staged, final_via, slot, report.instance_id, report.generation))
+            self._apply(
+                Served(
+                    staged, final_via, slot, report.instance_id, report.generation,
+                    confirms_digest(report.digest, staged.digest),
+                )
+            )  # fmt: skip
 
         await engine.wait_ready(parts.config.engine_ready_timeout_s)
         handover = self._handover(engine, owe_resume=True)
@@ -623,9 +630,10 @@ class JobRunner:
         clear_previous = memory.fresh and target is not None and previous not in (None, slot)
         self._apply(
             Swapped(
-                staged, final_via, slot, report.instance_id, target, generation=report.generation
+                staged, final_via, slot, report.instance_id, target, generation=report.generation,
+                digest_confirmed=confirms_digest(report.digest, staged.digest),
             )
-        )
+        )  # fmt: skip
         if clear_previous:
             # A fresh replay healed a local corruption: the buffer served until now was
             # never re-verified, so it is no base for the next build.

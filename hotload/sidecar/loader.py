@@ -25,6 +25,8 @@ until a fresh replay says otherwise), ``AccessDenied``. A volume without room or
 allocation in any phase is ``DiskFull`` / ``OutOfMemory`` (transient: retried once there
 is room), never an untyped error, and leaves no partial file: a download removes its own,
 a fresh rebuild its temporary directory, an in-place one restores the buffer exactly.
+``TargetInconsistent`` when the deployment's target disagrees with the snapshot's manifest
+(the target's fault: never a chain break; the replica waits for the operator's repair).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from hotload.errors import (
     HotloadError,
     ManifestInvalid,
     ObjectTooLarge,
+    TargetInconsistent,
     resource_exhausted,
 )
 from hotload.sidecar.metrics import AgentMetrics
@@ -209,8 +212,9 @@ class SnapshotLoader:
         plan = plan_update(held, target.identity, known)
         target_manifest = known.get(target.identity) or await self.manifest(target.identity)
         if target_manifest.step != target.step or target_manifest.kind != target.kind:
-            raise ManifestInvalid(
-                "the manifest disagrees with the deployment's target",
+            raise TargetInconsistent(
+                "the deployment's target disagrees with the snapshot's manifest: waiting "
+                "for the operator to repair the target",
                 identity=target.identity,
                 target_step=target.step,
                 manifest_step=target_manifest.step,

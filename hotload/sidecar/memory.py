@@ -130,6 +130,8 @@ class Swapped:
     """The target this brought (None: a reload of what was served)."""
     generation: str | None = None
     """The engine's generation in the report that confirmed the load."""
+    digest_confirmed: bool = False
+    """The engine's report carried the snapshot's digest (:attr:`Serving.digest_confirmed`)."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ class Served:
     slot: Slot | None
     instance_id: str | None
     generation: str | None = None
+    digest_confirmed: bool = False
 
 
 @dataclass(frozen=True)
@@ -257,6 +260,7 @@ def _confirmed(
     slot: Slot | None,
     instance_id: str | None,
     generation: str | None,
+    digest_confirmed: bool,
 ) -> Serving:
     """What the engine serves once it confirmed a load of ``staged`` from us."""
     return Serving(
@@ -268,12 +272,15 @@ def _confirmed(
         instance_id,
         digest=staged.digest,
         generation=generation,
+        digest_confirmed=digest_confirmed,
     )
 
 
 def _swapped(memory: Memory, fact: Swapped) -> Memory:
     staged, target = fact.staged, fact.target
-    serving = _confirmed(staged, fact.via, fact.slot, fact.instance_id, fact.generation)
+    serving = _confirmed(
+        staged, fact.via, fact.slot, fact.instance_id, fact.generation, fact.digest_confirmed
+    )
     memory = replace(memory, serving=serving, weights_unknown=False)
     if fact.slot is not None:
         memory = replace(memory, buffers=replace(memory.buffers, served=fact.slot, handed=None))
@@ -323,8 +330,8 @@ def fold(memory: Memory, fact: Fact) -> Memory:
             return _observed(memory, fact)
         case Swapped():
             return _swapped(memory, fact)
-        case Served(staged, via, slot, instance_id, generation):
-            confirmed = _confirmed(staged, via, slot, instance_id, generation)
+        case Served(staged, via, slot, instance_id, generation, digest_confirmed):
+            confirmed = _confirmed(staged, via, slot, instance_id, generation, digest_confirmed)
             return replace(memory, serving=confirmed, weights_unknown=False)
         case CaughtUp(slot):
             moved = replace(memory.serving, slot=slot) if memory.serving is not None else None

@@ -53,6 +53,7 @@ from hotload.sidecar.planning import (
     Slot,
     Staged,
     Verdict,
+    confirms_digest,
     foreign_load_verified,
     judge_engine,
 )
@@ -194,6 +195,12 @@ class EngineObserver:
         staged = buffers.held(slot)
         if staged is None:
             return Observation(seen, True)
+        engine = self._parts.engine
+        if report.digest is None and engine is not None:
+            # The pod reports the digest it verified: ask for it (a mismatch leaves none).
+            again = await self._report(engine, digest=True)
+            if again is not None and again.identity == report.identity:
+                report = again
         # A buffer handed with its outcome unknown stays handed (the engine may still be
         # reading it) unless it is the one now confirmed.
         handed = None if buffers.handed == slot else buffers.handed
@@ -211,6 +218,7 @@ class EngineObserver:
             report.instance_id,
             digest=staged.digest,
             generation=report.generation,
+            digest_confirmed=confirms_digest(report.digest, staged.digest),
         )
         return Observation(seen, True, served=served, roles=(slot, handed))
 
@@ -270,6 +278,7 @@ class EngineObserver:
             report.instance_id,
             digest=staged.digest,
             generation=report.generation,
+            digest_confirmed=confirms_digest(report.digest, staged.digest),
         )
         return Observation(seen, True, served=served)
 

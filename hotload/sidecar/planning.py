@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from hotload.api import LoadPath, ReplicaState, SnapshotKind, SnapshotRef
+from hotload.api import LoadPath, ReplicaState, SnapshotKind, SnapshotRef, snapshot_order
 from hotload.api.kinds import Identity
 from hotload.api.reasons import (
     DIGEST_MISMATCH,
@@ -119,6 +119,28 @@ class Serving:
     generation: str | None = None
     """The engine's generation when we confirmed it (:attr:`EngineReport.generation`):
     another value later, same instance, is a load we did not send."""
+    digest_confirmed: bool = False
+    """The engine itself reported ``digest`` when it confirmed the load (checked equal): only
+    then does the pod report carry it (``hotload.dev/digest``, which the operator
+    corroborates); an engine that offers no digest leaves it False."""
+
+
+def unconfirmed_backward(
+    target: SnapshotRef | None, serving: Serving | None, rolled_back_to: Identity | None
+) -> bool:
+    """The target ranks below what the engine serves, and the operator's record of its own
+    backward move (``status.rollback.toIdentity``, ``rolled_back_to``) does not name it:
+    another writer moved the target back. The replica does not load it, and waits for the
+    operator's repair."""
+    if target is None or serving is None:
+        return False
+    behind = snapshot_order(target.step, target.kind) < snapshot_order(serving.step, serving.kind)
+    return behind and rolled_back_to != target.identity
+
+
+def confirms_digest(reported: str | None, expected: str | None) -> bool:
+    """The engine reported a digest and it is the snapshot's (the pod may report it)."""
+    return reported is not None and reported == expected
 
 
 def same_snapshot(

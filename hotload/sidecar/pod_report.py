@@ -23,6 +23,7 @@ from hotload.api import KvCachePolicy, LoadPath, ReplicaState, SnapshotRef, reas
 from hotload.api.conditions import rfc3339
 from hotload.api.kinds import Identity
 from hotload.api.pod import (
+    ANNOTATION_DIGEST,
     ANNOTATION_FAILED_SNAPSHOT,
     ANNOTATION_MESSAGE,
     ANNOTATION_REASON,
@@ -59,6 +60,8 @@ class PodAnnotations:
     """While Failed: the snapshot whose files failed (may be an earlier link of a replay)."""
     switch: SwitchPhase | None = None
     """A coordinated switch: Staged (Loading), OnTime or Late (Ready)."""
+    digest: str | None = None
+    """The weights digest verified of what the engine serves (None: the engine gives none)."""
 
     def values(self) -> dict[str, str | None]:
         """Annotation key → value; None removes the key (merge-patch semantics)."""
@@ -67,6 +70,7 @@ class PodAnnotations:
         message = self.message[:MESSAGE_LIMIT] if why and self.message else None
         return {
             ANNOTATION_SNAPSHOT: self.served_identity,
+            ANNOTATION_DIGEST: self.digest if self.served_identity else None,
             ANNOTATION_TARGET: self.target_identity,
             ANNOTATION_STATE: self.state.value if self.state else None,
             ANNOTATION_SINCE: rfc3339(self.since),
@@ -213,6 +217,7 @@ def replica_report(
         message=message or (retrying.message if retrying else None),
         failed_identity=hold.failed_identity if failed and hold else None,
         switch=switch if state is not ReplicaState.FAILED else None,
+        digest=serving.digest if serving and serving.digest_confirmed else None,
     )
     gate = readiness_gate(
         serving.step if serving else None,

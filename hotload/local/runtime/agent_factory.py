@@ -37,6 +37,6 @@ async def run_sidecar_agent(env: Mapping[str, str], registry: CollectorRegistry)
         raise ConfigError("a shared pod needs its KUBECONFIG", pod=config.pod_name)
     api = await async_api_client(Path(kubeconfig))
     try:
-        await SidecarAgent(config, api, registry, NoopEngine()).run()
+        await SidecarAgent(config, api, registry, NoopEngine(config.root)).run()
     finally:
         await api.close()

@@ -7,13 +7,26 @@ Real control plane, the chart's operator, real sidecars (noop engine) fetching f
 
 from __future__ import annotations
 
+import json
 import time
+from typing import Any
 
+from hotload.api.reasons import CHAIN_BREAKING_REASONS
 from tests.integration.operator.conftest import Rollout
+from tests.integration.operator.tiny_chain import TinySnapshot
 
 #: Longer than a sidecar takes to correct a report it did not write (5 s) plus the time a
 #: report must stand before the operator believes it without a digest (6 s).
 FORGED_WATCH_S = 12.0
+
+
+def _rolled_out(rollout: Rollout) -> tuple[TinySnapshot, TinySnapshot]:
+    """Two replicas that served a Full and then serve a delta on it, both Ready."""
+    rollout.create(replicas=2)
+    s0 = rollout.publish(0, full=True)
+    s1 = rollout.publish(1)
+    rollout.wait_ready(s0.identity, s1.identity)
+    return s0, s1
 
 
 def test_a_served_snapshot_deleted_by_hand_is_held_and_the_fleet_stays_on_it(
@@ -22,10 +35,7 @@ def test_a_served_snapshot_deleted_by_hand_is_held_and_the_fleet_stays_on_it(
     """Would catch (finding 4): ``kubectl delete psnap`` of the snapshot every replica
     serves rolling the fleet back a step with no guard, a held deletion never said, a
     deletion held for ever once a newer snapshot rolled out."""
-    rollout.create(replicas=2)
-    s0 = rollout.publish(0, full=True)
-    s1 = rollout.publish(1)
-    rollout.wait_ready(s0.identity, s1.identity)
+    s0, s1 = _rolled_out(rollout)
     history = rollout.history()
     try:
         rollout.run("delete", "policysnapshot", s1.identity, "--wait=false")
@@ -59,6 +69,63 @@ def test_a_served_snapshot_deleted_by_hand_is_held_and_the_fleet_stays_on_it(
     assert not [e for e in rollout.events(rollout.name) if e["reason"] == "TargetRolledBack"]
 
 
+def _patch_target(rollout: Rollout, **fields: Any) -> None:
+    """Another writer (a user with kubectl) edits the deployment's target."""
+    patch = json.dumps({"status": {"targetSnapshot": fields}})
+    rollout.run("patch", "rolloutdeployment", rollout.name, "--subresource=status",
+                "--type=merge", "-p", patch)  # fmt: skip
+
+
+def _repairs(rollout: Rollout) -> int:
+    return sum(1 for e in rollout.events(rollout.name) if e["reason"] == "TargetRepaired")
+
+
+def test_a_hand_edit_of_one_field_of_the_target_never_marks_a_good_snapshot(
+    rollout: Rollout,
+) -> None:
+    """Would catch (finding 1): a step or kind edited by hand read as a bad snapshot — every
+    sidecar failing the target with a chain-breaking reason, the snapshot every replica
+    served marked ChainValid=False for good, the fleet rolled back and every later delta
+    ChainBroken — and a repair that is not said."""
+    s0, s1 = _rolled_out(rollout)
+    for edit in ({"step": 7}, {"kind": "Full"}):
+        before = _repairs(rollout)
+        _patch_target(rollout, **edit)
+        rollout.wait_for(f"the edit {edit} repaired and said", lambda b=before: (
+            _repairs(rollout) > b
+            and (rollout.deployment()["status"]["targetSnapshot"]
+                 == {"identity": s1.identity, "step": 1, "kind": "Incremental",
+                     "kvCachePolicy": "all"})
+        ), timeout_s=30)  # fmt: skip
+    # The chain stays good: the next delta rolls out on it, nobody failed for the chain.
+    s2 = rollout.publish(2)
+    rollout.wait_ready(s2.identity)
+    for snapshot in (s0, s1, s2):
+        assert rollout.condition(rollout.snapshot(snapshot.identity), "ChainValid")[0] == "True"
+    breaking = [e for e in rollout.events(rollout.name) if e["reason"] in CHAIN_BREAKING_REASONS]
+    assert breaking == [], breaking
+
+
+def test_a_target_moved_back_by_hand_is_repaired_before_any_engine_loads_it(
+    rollout: Rollout,
+) -> None:
+    """Would catch (finding 4): a target moved back by another writer loaded by every
+    engine before the operator restores it (the sidecars follow a backward target only
+    when the operator's status.rollback names it)."""
+    s0, s1 = _rolled_out(rollout)
+    history = rollout.history()
+    try:
+        _patch_target(rollout, identity=s0.identity, step=0, kind="Full")
+        rollout.wait_for("the move back repaired and said", lambda: (
+            _repairs(rollout) > 0 and rollout.target() == s1.identity
+        ), timeout_s=30)  # fmt: skip
+        s2 = rollout.publish(2)
+        rollout.wait_ready(s2.identity)
+    finally:
+        history.stop()
+    assert s0.identity not in history.served(), history.seen
+
+
 def test_pods_annotated_by_hand_as_serving_a_snapshot_never_make_it_ready(
     rollout: Rollout,
 ) -> None:
@@ -90,6 +157,5 @@ def test_pods_annotated_by_hand_as_serving_a_snapshot_never_make_it_ready(
     finally:
         aside.rename(held)
     rollout.wait_ready(s1.identity)  # the real load, once its files are there
-    # The sidecars report no digest yet: believed once their reports stood.
     ledger = rollout.ledger(s1.identity)
-    assert {e["corroboration"] for e in ledger.values()} == {"Stood"}, ledger
+    assert {e["corroboration"] for e in ledger.values()} == {"Digest"}, ledger

@@ -509,7 +509,7 @@ async def test_7_a_target_corrected_in_its_step_alone_is_retried(fleet: Fleet) -
     )
     harness.set_target("truth", wrong)
     annotations = await harness.wait_state(replica, snapshot.identity, "Failed", timeout=60)
-    assert annotations["hotload.dev/reason"] == "ManifestInvalid"
+    assert annotations["hotload.dev/reason"] == "TargetInconsistent"  # never a chain break
     assert annotations["hotload.dev/failed-snapshot"] == snapshot.identity
     await converge(fleet, "truth", fleet.truth, snapshot)
 

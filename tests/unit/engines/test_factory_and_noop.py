@@ -119,3 +119,17 @@ async def test_the_launch_version_of_the_spec_reaches_the_adapter(
         assert await engine.served_identity() is None  # type: ignore[attr-defined]
         other = make_engine(kind, "http://10.1.0.5:8000", client)
         assert await other.served_identity() == "base-v0"  # type: ignore[attr-defined]
+
+
+async def test_noop_reads_the_path_it_is_handed_under_its_hosts_root(tmp_path: Path) -> None:
+    """Would catch: the shared runtime's noop engines (in the sidecar's process, the pod's
+    volumes under a root) reading the engine container's path on the host, finding no
+    record and giving no digest, so the operator never sees one to corroborate."""
+    handed = Path("/var/lib/hotload/staging/buffers/a/step-1")
+    rebuilt = tmp_path.joinpath(*handed.parts[1:])
+    rebuilt.mkdir(parents=True)
+    record = {"identity": "step-1", "step": 1, "kind": "Full", "tensorDigest": "cd" * 16}
+    (rebuilt / REBUILT_NAME).write_text(json.dumps(record))
+    engine = make_engine(EngineKind.NOOP, None, root=tmp_path)
+    await engine.load_weights(handed, "step-1", kind=SnapshotKind.FULL)
+    assert (await engine.report(digest=True)).digest == "cd" * 16

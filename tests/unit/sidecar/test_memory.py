@@ -155,3 +155,14 @@ def test_a_load_confirmed_mid_handover_serves_at_once_and_leaves_the_rest_to_the
     assert not memory.weights_unknown
     assert memory.hold == held and memory.attempts == Attempts(1, 0)
     assert memory.buffers.served is None
+
+
+def test_the_digest_the_engine_confirmed_is_what_the_pod_reports() -> None:
+    """A swap or a confirmation mid-handover whose report carried the snapshot's digest
+    marks it confirmed (the pod report's ``hotload.dev/digest``); one whose engine gave
+    none leaves it unconfirmed, the digest still the snapshot's for the sidecar's checks."""
+    confirmed = Served(staged("s1", 1), LoadPath.FULL, Slot.A, "i", digest_confirmed=True)
+    memory = fold(Memory(), confirmed)
+    assert memory.serving is not None and memory.serving.digest_confirmed
+    memory = fold(memory, Swapped(staged("s2", 2), LoadPath.DELTA, Slot.B, "i", ref("s2", 2)))
+    assert memory.serving is not None and not memory.serving.digest_confirmed

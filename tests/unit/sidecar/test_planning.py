@@ -26,11 +26,13 @@ from hotload.sidecar.planning import (
     Verdict,
     after_failure,
     choose_build,
+    confirms_digest,
     judge_engine,
     next_step,
     replica_state,
     same_snapshot,
     should_preempt,
+    unconfirmed_backward,
 )
 from hotload.snapshot import UpdatePlan
 
@@ -914,3 +916,37 @@ def test_no_situation_loads_an_older_buffer_over_a_newer_snapshot_the_engine_nam
                             loads = step.kind in (StepKind.SETTLE, StepKind.RELOAD)
                             older = loads and same_snapshot(state.held(step.slot), staged(5))
                             assert not older, (state, target, serving_, pending, step)
+
+
+# --- a target moved back by another writer --------------------------------------------
+
+BACKWARD = [
+    # (name, target, serving, status.rollback.toIdentity, refused)
+    ("forward is followed", ref(5), serving(4), None, False),
+    ("the served target is followed", ref(4), serving(4), None, False),
+    ("back by hand is refused", ref(3), serving(4), None, True),
+    ("back to what the operator's rollback names is followed", ref(3), serving(4), "s3", False),
+    ("back past the operator's rollback is refused", ref(2), serving(4), "s3", True),
+    ("a delta of a served Full's step is behind it", ref(4), serving(4, kind=FULL), None, True),
+    ("a replica serving nothing follows any target", ref(1), None, None, False),
+    ("no target, nothing to refuse", None, serving(4), None, False),
+]
+
+
+@pytest.mark.parametrize(
+    ("target", "served", "rolled_back_to", "refused"),
+    [case[1:] for case in BACKWARD],
+    ids=[case[0] for case in BACKWARD],
+)
+def test_unconfirmed_backward(
+    target: SnapshotRef | None, served: Serving | None, rolled_back_to: str | None, refused: bool
+) -> None:
+    """Would catch (issue 22, finding 4): engines loading an older snapshot because another
+    writer moved the target back, before the operator repairs it."""
+    assert unconfirmed_backward(target, served, rolled_back_to) is refused
+
+
+def test_only_a_digest_equal_to_the_snapshots_is_reported_as_verified() -> None:
+    assert confirms_digest("ab", "ab")
+    assert not confirms_digest("ab", "cd")
+    assert not confirms_digest(None, "ab")

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 
 from hotload.api import LoadPath, ReplicaState, reasons
 from hotload.api.pod import (
+    ANNOTATION_DIGEST,
     ANNOTATION_FAILED_SNAPSHOT,
     ANNOTATION_MESSAGE,
     ANNOTATION_REASON,
@@ -106,3 +107,16 @@ def test_condition_patch_carries_only_our_condition_type() -> None:
     assert conditions[0]["status"] == "True"
     assert conditions[0]["lastTransitionTime"] == "2026-11-23T09:45:12Z"
     assert set(patch) == {"status"} and set(patch["status"]) == {"conditions"}
+
+
+def test_the_report_carries_the_digest_verified_of_what_the_engine_serves() -> None:
+    """Would catch (issue 22, finding 3): a report the operator cannot check against the
+    snapshot (no digest where the engine gave one), or a digest left without a snapshot."""
+    serving = PodAnnotations(
+        "s-4", "s-4", ReplicaState.READY, MOMENT, LoadPath.DELTA, digest="ab" * 16
+    )
+    assert serving.values()[ANNOTATION_DIGEST] == "ab" * 16
+    nothing = PodAnnotations(None, "s-4", ReplicaState.LOADING, MOMENT, digest="ab" * 16)
+    assert nothing.values()[ANNOTATION_DIGEST] is None  # no snapshot, no digest
+    unchecked = PodAnnotations("s-4", "s-4", ReplicaState.READY, MOMENT, LoadPath.FULL)
+    assert unchecked.values()[ANNOTATION_DIGEST] is None  # the engine gives none: removed
