@@ -147,7 +147,23 @@ def _comparable(model: BaseModel) -> Any:
     """What the user wrote and the models read: the name and the spec (the server prunes
     unknown ``metadata`` fields as it does for every object; the models keep it as given)."""
     data = model.model_dump(mode="json", by_alias=True, exclude_none=True)
-    return {"name": (data.get("metadata") or {}).get("name"), "spec": data.get("spec")}
+    return _json_numbers(
+        {"name": (data.get("metadata") or {}).get("name"), "spec": data.get("spec")}
+    )
+
+
+def _json_numbers(value: Any) -> Any:
+    """A number past 2**53 compared as the double it is in JSON: in a free-form field
+    (``x-kubernetes-preserve-unknown-fields``, e.g. ``engine.resources``) the server keeps
+    a number as a float64 and writes it back in its own spelling (7.204277154562494e+16
+    comes back as 72042771545624940), which is the same JSON number, not a change."""
+    if isinstance(value, dict):
+        return {key: _json_numbers(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_numbers(item) for item in value]
+    if isinstance(value, int | float) and not isinstance(value, bool) and abs(value) >= 2**53:
+        return float(value)
+    return value
 
 
 @pytest.fixture(scope="module")
