@@ -394,6 +394,19 @@ def test_zz_an_engine_restart_is_seen_by_its_instance_id_and_the_snapshot_reload
 
     assert wait_until(old_instance_gone, 5.0 + 2.0, interval_s=0.2), seen()
     assert time.monotonic() - answered <= 5.0 + 2.0  # one check period, and a report
+
+    # The sidecar's /status names the new instance before its pod write lands (the writer
+    # runs beside the loop): until then the pod still carries what it said before the
+    # restart. Wait for the report of the reload itself, then hold the engines to it.
+    def reloaded() -> bool:
+        annotations = fleet.annotations(replica)
+        return (
+            annotations.get(contract.ANNOTATION_VIA) == "reload"
+            and annotations.get(contract.ANNOTATION_SNAPSHOT) == served
+            and annotations.get(contract.ANNOTATION_STATE) == "Ready"
+        )
+
+    fleet.rollout.wait_for(f"the pod Ready on {served} via reload", reloaded, SWAP_TIMEOUT_S)
     fleet.wait_serving(served)
     assert fleet.annotations(replica)[contract.ANNOTATION_VIA] == "reload"
     check_every_answer_names_what_the_engine_serves(fleet, served)
