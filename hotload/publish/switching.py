@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -69,8 +69,17 @@ class FleetSwitch:
     """``onStagingTimeout: Abort`` (in any region: the strictest wins)."""
 
 
-def fleet_switch(rollouts: Mapping[str, RolloutSpec]) -> FleetSwitch | None:
+def fleet_switch(
+    rollouts: Mapping[str, RolloutSpec], silent: Iterable[str] = ()
+) -> FleetSwitch | None:
     """The fleet's switch from each region's ``spec.rollout``; None when none coordinates.
+
+    ``silent``: regions that did not answer. Where another region coordinates they count
+    among the coordinated ones (``spec.rollout`` is the same everywhere): not Staged until
+    they answer, so the decision waits for the staging timeout — the rule they presume at
+    the deadline — and is queued for them. Left out, they would be committed without (the
+    others switching at once while they presume the deadline; with Abort, aborting alone
+    while the others switched) and never be handed the decision.
 
     Keep ``spec.rollout`` the same in every region: each region's operator presumes its own
     ``onStagingTimeout`` at the deadline. Where they differ the publisher takes the longest
@@ -93,7 +102,7 @@ def fleet_switch(rollouts: Mapping[str, RolloutSpec]) -> FleetSwitch | None:
             extra={"regions": {c: r.model_dump(mode="json") for c, r in coordinated.items()}},
         )
     return FleetSwitch(
-        contexts=tuple(sorted(coordinated)),
+        contexts=tuple(sorted({*coordinated, *silent})),
         timeout_s=max(r.staging_timeout_seconds for r in coordinated.values()),
         lead_s=max(r.lead_milliseconds for r in coordinated.values()) / 1000,
         abort=any(r.on_staging_timeout is StagingTimeoutAction.ABORT for r in coordinated.values()),
@@ -168,19 +177,24 @@ class SwitchCoordinator:
         self._poll_s = poll_s
 
     async def fleet(self) -> FleetSwitch | None:
-        """The coordinated regions' settings now (a region that does not answer is left
-        out: its snapshot waits in its queue, and it presumes at the deadline)."""
+        """The coordinated regions' settings now (a region that does not answer counts as
+        coordinated and not Staged while another region coordinates: :func:`fleet_switch`)."""
 
-        async def rollout(client: RegionClient) -> tuple[str, RolloutSpec | None]:
+        async def rollout(client: RegionClient) -> tuple[str, RolloutSpec | None, bool]:
             try:
-                return client.context, await asyncio.to_thread(client.rollout)
+                return client.context, await asyncio.to_thread(client.rollout), True
+            except KubeNotFound:
+                return client.context, None, True  # no deployment there: not in the fleet
             except HotloadError as err:
                 where = {"context": client.context, "error": str(err)}
                 log.info("region's rollout settings unknown", extra=where)
-                return client.context, None
+                return client.context, None, False
 
         found = await asyncio.gather(*(rollout(c) for c in self._clients.values()))
-        return fleet_switch({context: spec for context, spec in found if spec is not None})
+        return fleet_switch(
+            {context: spec for context, spec, _ in found if spec is not None},
+            silent=[context for context, _, answered in found if not answered],
+        )
 
     @staticmethod
     def stamp(policy: dict[str, Any], fleet: FleetSwitch, now: datetime) -> datetime:

@@ -34,6 +34,16 @@ def test_only_coordinated_regions_count_and_the_strictest_settings_win() -> None
     assert fleet == FleetSwitch(contexts=("a", "b"), timeout_s=90, lead_s=2.0, abort=True)
 
 
+def test_a_region_that_does_not_answer_counts_among_the_coordinated_ones() -> None:
+    """Not Staged until it answers, and handed the decision: never decided without it."""
+    coordinated = RolloutSpec(switch=SwitchMode.COORDINATED, staging_timeout_seconds=30)
+    fleet = fleet_switch({"a": coordinated, "c": coordinated}, silent=["b"])
+    assert fleet is not None and fleet.contexts == ("a", "b", "c")
+    # Alone it makes no fleet: nothing says the deployment coordinates at all.
+    assert fleet_switch({"a": RolloutSpec()}, silent=["b"]) is None
+    assert fleet_switch({}, silent=["b"]) is None
+
+
 @pytest.mark.parametrize(
     ("looks", "fleet", "now", "expected"),
     [
