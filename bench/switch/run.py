@@ -44,13 +44,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 from kubernetes import client as k8s
 
 from bench.freshness.run import BENCH_CHART, REGIONS, _wait_served
 from bench.load import LoadSampler
 from bench.transfer.run import _namespace
-from hotload.api.pod import REFERENCE_ENGINE_PORT
 from hotload.errors import HotloadError
 from hotload.local import down
 from hotload.local.bootstrap import api_client
@@ -59,7 +57,9 @@ from hotload.local.fleets import (
     FleetSpec,
     apply_fleet,
     complete,
+    engine_urls,
     regional_deployment,
+    swap_record,
 )
 from hotload.local.lifecycle import LocalRegions
 from hotload.local.reaper import start_reaper
@@ -103,22 +103,6 @@ def _client(
         time.sleep(PAUSE_S)
 
 
-def _engine_urls(region: Region, namespace: str) -> list[tuple[str, str]]:
-    """(pod, engine URL) of every running pod of the namespace (locally, pods are this host's
-    processes on their own loopback address)."""
-    api = api_client(region)
-    try:
-        pods = k8s.CoreV1Api(api).list_namespaced_pod(namespace).items
-    finally:
-        api.close()  # type: ignore[no-untyped-call]
-    urls = []
-    for pod in pods:
-        status, meta = pod.status, pod.metadata
-        if status and meta and status.phase == "Running" and status.pod_ip:
-            urls.append((str(meta.name), f"http://{status.pod_ip}:{REFERENCE_ENGINE_PORT}"))
-    return urls
-
-
 def _swaps(
     regions: LocalRegions, namespace: str, identity: str, replicas: int
 ) -> list[dict[str, Any]]:
@@ -126,18 +110,14 @@ def _swaps(
     every region has one."""
     records = []
     for region in regions.regions:
-        urls = _engine_urls(region, namespace)
+        urls = engine_urls(region, namespace)
         if len(urls) < replicas:
             return []
-        for pod, url in urls:
-            try:
-                body = httpx.get(f"{url}/admin/identity", timeout=5, trust_env=False).json()
-            except httpx.HTTPError:
+        for pod, url in urls.items():
+            found = swap_record(url, identity)
+            if found is None:
                 return []
-            found = [r for r in body.get("swap_log", []) if r["identity"] == identity]
-            if not found:
-                return []
-            records.append({"region": region.name, "pod": pod, **found[-1]})
+            records.append({"region": region.name, "pod": pod, **found})
     return records
 
 

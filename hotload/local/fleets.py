@@ -128,6 +128,35 @@ def apply_fleet(region: Region, spec: FleetSpec) -> None:
         api.close()  # type: ignore[no-untyped-call]
 
 
+def engine_urls(region: Region, namespace: str) -> dict[str, str]:
+    """Pod name → its reference engine's URL, for every running pod of ``namespace`` (locally,
+    pods are this host's processes, each on its own loopback address)."""
+    api = api_client(region)
+    try:
+        pods = kubernetes.client.CoreV1Api(api).list_namespaced_pod(namespace).items
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+    urls = {}
+    for pod in pods:
+        status, meta = pod.status, pod.metadata
+        if status and meta and status.phase == "Running" and status.pod_ip:
+            urls[str(meta.name)] = f"http://{status.pod_ip}:{contract.REFERENCE_ENGINE_PORT}"
+    return urls
+
+
+def swap_record(engine_url: str, identity: str) -> dict[str, Any] | None:
+    """The engine's own record of its last swap to ``identity`` (``swap_log`` of
+    ``/admin/identity``: ``at`` is when it took effect, Unix seconds); None when it has none
+    or does not answer."""
+    try:
+        response = httpx.get(f"{engine_url}/admin/identity", timeout=5, trust_env=False)
+        response.raise_for_status()
+    except httpx.HTTPError:
+        return None
+    found = [r for r in response.json().get("swap_log", []) if r.get("identity") == identity]
+    return dict(found[-1]) if found else None
+
+
 def service_port(region: Region, spec: FleetSpec) -> int | None:
     """The local port of the deployment's Service (the pod runtime's proxy), once it has one."""
     return read_ports(region.services_file).get(f"{spec.namespace}/{spec.name}", {}).get("http")

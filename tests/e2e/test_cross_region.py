@@ -33,12 +33,13 @@ from hotload.local.corruption import corrupting_opener
 from hotload.local.fleets import FleetSpec, apply_fleet, complete
 from hotload.local.region import Region
 from hotload.local.trainer import PolicyTrainer
-from hotload.publish import Publisher, PublisherSettings, RegionOutcome, identity_for
+from hotload.publish import Publisher, RegionOutcome, identity_for
 from hotload.publish.region_client import RegionClient
 from hotload.snapshot import MANIFEST_NAME
 from hotload.waiting import wait_until
 from tests.fixtures.apiserver_outage import apiserver_down
 from tests.fixtures.hotload_cli import hotload
+from tests.fixtures.wan_publisher import home_publisher
 
 pytestmark = pytest.mark.cluster
 
@@ -53,30 +54,6 @@ def view(
     """``hotload status|ledger -o json`` over every context; exits 1 when one is unreadable."""
     done = hotload(what, "-n", namespace, *contexts, "-o", "json", kubeconfig=kubeconfig)
     return done, json.loads(done.stdout)
-
-
-def home_publisher(
-    wan_regions: LocalRegions,
-    namespace: str,
-    tmp_path: Path,
-    trainer: PolicyTrainer,
-    prefix: str,
-    **overrides: Any,
-) -> PublisherSettings:
-    """A waiting publisher to every WAN region, writing only the first region's bucket."""
-    names = tuple(region.name for region in wan_regions.regions)
-    return PublisherSettings(
-        deployment=FLEET,
-        contexts=names,
-        workdir=tmp_path / "publisher",
-        namespace=namespace,
-        kubeconfig=wan_regions.kubeconfig,
-        identity_prefix=prefix,
-        home=names[0],
-        wait=True,
-        files_from=trainer.model_files(tmp_path / "model"),
-        **overrides,
-    )
 
 
 def test_one_trainer_three_regions_outage_corruption_and_bytes_over_the_wan(
