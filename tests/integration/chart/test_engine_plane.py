@@ -39,15 +39,24 @@ def test_the_operator_exposes_only_the_front_and_fences_the_rest(
 ) -> None:
     for api in kube_clients.values():
         networking, core, apps = k8s.NetworkingV1Api(api), k8s.CoreV1Api(api), k8s.AppsV1Api(api)
-        policy = wait_until(
-            lambda n=networking: _read(  # type: ignore[misc]
-                n.read_namespaced_network_policy, idle_deployment, operated_namespace
-            ),
-            RENDER_TIMEOUT_S,
+
+        def rendered(
+            n: k8s.NetworkingV1Api = networking, c: k8s.CoreV1Api = core, a: k8s.AppsV1Api = apps
+        ) -> tuple[Any, Any, Any] | None:
+            """The three objects the operator renders for the deployment, once all exist (it
+            applies them one after another, in no order this test relies on)."""
+            objects = (
+                _read(n.read_namespaced_network_policy, idle_deployment, operated_namespace),
+                _read(c.read_namespaced_service, idle_deployment, operated_namespace),
+                _read(a.read_namespaced_stateful_set, idle_deployment, operated_namespace),
+            )
+            return objects if None not in objects else None
+
+        found = wait_until(rendered, RENDER_TIMEOUT_S)
+        assert found, (
+            "the operator never applied the deployment's NetworkPolicy, Service and StatefulSet"
         )
-        assert policy is not None, "the operator never applied the deployment's NetworkPolicy"
-        service = _read(core.read_namespaced_service, idle_deployment, operated_namespace)
-        sts = _read(apps.read_namespaced_stateful_set, idle_deployment, operated_namespace)
+        policy, service, sts = found
 
         assert policy.spec.pod_selector.match_labels == selector_labels(idle_deployment)
         assert policy.spec.policy_types == ["Ingress"]
