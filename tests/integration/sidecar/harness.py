@@ -355,6 +355,13 @@ class SidecarHarness:
         os.kill(pid, signal.SIGKILL)
         return pid
 
+    def freeze(self, replica: Replica, container: str) -> int:
+        """SIGSTOP one container's process: it holds its sockets but does nothing, as a
+        process stuck in the kernel would, until the test kills it; its pid."""
+        pid = self.container_pid(replica.pod, container)
+        os.kill(pid, signal.SIGSTOP)
+        return pid
+
     async def wait_restarted(
         self, replica: Replica, restarts: int, container: str = "sidecar"
     ) -> None:

@@ -7,12 +7,15 @@ Would catch: a replica swapping before a switch time exists (switching alone), a
 never saying Staged (the publisher would never commit), the engines swapping at their own
 pace instead of at the instant (read from each engine's own swap log, not the sidecar's
 intent), a replica waiting forever when only the deadline is known, a sidecar killed after
-Staged that never switches or does not say Late.
+Staged that never switches or does not say Late, or an engine swapping with its sidecar
+down.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -132,10 +135,11 @@ async def test_every_replica_swaps_at_the_committed_instant_and_none_alone(
     second = await trainer.publish_delta()
     _target(harness, second.ref())
     await _all_staged(harness, replicas, second.identity)
-    # A sidecar killed after Staged: it is down when the time comes, and follows, Late.
+    # A sidecar that crashes after Staged: it is down when the time comes (frozen, so that
+    # a quick restart cannot bring it back in time: the runtime restarts a killed sidecar
+    # in well under the 3 s to the deadline), dies after it, and follows, Late.
     crashed = replicas[-1]
-    killed = harness.kill_sidecar(crashed)
-    assert killed
+    frozen = harness.freeze(crashed, "sidecar")
     by = datetime.now(UTC) + timedelta(seconds=3)
     _target(harness, _with(second.ref(), switch_by=by))
     records = await _switched(harness, replicas[:-1], second.identity)
@@ -144,11 +148,16 @@ async def test_every_replica_swaps_at_the_committed_instant_and_none_alone(
         by,
         instants,
     )
+    engine = await harness.engine_identity(crashed)
+    assert (engine["identity"], engine["staged"]) == (first.identity, second.identity), (
+        "the engine swapped with its sidecar down"
+    )
+    os.kill(frozen, signal.SIGKILL)
     await harness.wait_restarted(crashed, 1)
     late = (await _switched(harness, [crashed], second.identity))[0]
     assert datetime.fromtimestamp(late["at"], UTC) >= by
     await eventually(
         lambda: harness.annotations(crashed.pod).get(ANNOTATION_SWITCH) == "Late",
         timeout=30,
-        what="the crashed replica to say Late",
+        what=f"the crashed replica to say Late ({harness.annotations(crashed.pod)})",
     )
