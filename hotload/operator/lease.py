@@ -150,6 +150,11 @@ class LeaderLease:
                     await self._try_acquire()
             except KubeError as err:
                 log.warning("leader Lease call failed", extra=self._context(error=str(err)))
+            except Exception:
+                # The election outlives any one bad answer: a loop that ended here would
+                # leave a live, healthy-looking process that never leads again (a standby
+                # that never takes over). A tenure still lapses below, by its own clock.
+                log.exception("leader Lease round failed", extra=self._context())
             if self._fence is not None and self._now() >= self._valid_until:
                 self._drop("the Lease could not be renewed in time")
             pause = self.timing.renew_s if self._fence is not None else self.timing.poll_s

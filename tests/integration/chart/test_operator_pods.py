@@ -49,6 +49,21 @@ def _gauge(pod: k8s.V1Pod, name: str) -> float | None:
     return None
 
 
+def _diagnosis(regions: LocalRegions, api: k8s.ApiClient, *pods: k8s.V1Pod) -> str:
+    """What a failed handover leaves to read: the Lease, and each pod's health and log."""
+    lease = k8s.CoordinationV1Api(api).read_namespaced_lease(LEASE, SESSION_CHART.namespace)
+    parts = [f"lease: {lease.spec}"]
+    for pod in pods:
+        try:
+            health = httpx.get(f"http://{pod.status.pod_ip}:8080/healthz", timeout=5).text
+        except httpx.HTTPError as err:
+            health = repr(err)
+        logs = sorted(regions.state_dir.glob(f"*/runtime/pods/*_{pod.metadata.name}_*/logs/*.log"))
+        tail = logs[-1].read_text(errors="replace")[-6000:] if logs else "(no log)"
+        parts.append(f"--- {pod.metadata.name}: {health}\n{tail}")
+    return "\n".join(parts)
+
+
 def _reconcilers(pod: k8s.V1Pod) -> float | None:
     """The pod's ``hotload_operator_reconcilers`` gauge (0 on a standby)."""
     return _gauge(pod, "hotload_operator_reconcilers")
@@ -125,7 +140,8 @@ def test_one_replica_reconciles_and_the_standby_takes_over_when_it_goes(
         return bool(_reconcilers(standby))
 
     assert wait_until(standby_active, HANDOVER_TIMEOUT_S, interval_s=0.5), (
-        f"{standby.metadata.name} never took over from {active.metadata.name}"
+        f"{standby.metadata.name} never took over from {active.metadata.name}\n"
+        + _diagnosis(operated_regions, kube_clients[region.name], standby, active)
     )
     # The Deployment replaces the deleted replica, which joins as the new standby.
     assert wait_until(roles, HANDOVER_TIMEOUT_S, interval_s=0.5), "no replacement standby"
