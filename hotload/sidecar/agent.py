@@ -9,6 +9,8 @@ runtime can run many as tasks in one process. This module is only the loop:
   :class:`~hotload.sidecar.memory.Observation` (a restart drops the pod's snapshot at
   once: ``SnapshotReady=False/NotLoaded``, no ``snapshot`` annotation, until the served
   buffer is reloaded);
+- :func:`~hotload.sidecar.backward.refuse_backward` first refuses a target another
+  writer moved back (nothing older is loaded, the job in flight goes on);
 - :func:`~hotload.sidecar.planning.next_step` picks the one thing to do, and
   :class:`~hotload.sidecar.jobs.JobRunner` takes that step as a job and returns its
   outcome — or :func:`~hotload.sidecar.planning.should_preempt` cancels the job in
@@ -36,10 +38,10 @@ from typing import TYPE_CHECKING
 import httpx
 from prometheus_client import CollectorRegistry
 
-from hotload.api import SnapshotRef, reasons
 from hotload.api.switch import SwitchPhase
 from hotload.engines.protocol import Engine
 from hotload.sidecar.agent_view import AgentView
+from hotload.sidecar.backward import refuse_backward
 from hotload.sidecar.config import AgentConfig
 from hotload.sidecar.deployment_watch import DeploymentView, DeploymentWatcher
 from hotload.sidecar.http_server import serve_front
@@ -47,7 +49,6 @@ from hotload.sidecar.jobs import JOB_OF_STEP, JobRunner
 from hotload.sidecar.memory import (
     AtTarget,
     Fact,
-    Failed,
     Memory,
     RetryDue,
     TargetSeen,
@@ -59,15 +60,12 @@ from hotload.sidecar.metrics import AgentMetrics
 from hotload.sidecar.observer import EngineObserver
 from hotload.sidecar.parts import AgentParts, EngineFactory
 from hotload.sidecar.planning import (
-    Action,
-    FailureDecision,
     Step,
     StepKind,
     next_step,
     same_snapshot,
     same_target,
     should_preempt,
-    unconfirmed_backward,
 )
 from hotload.sidecar.pod_report import replica_report
 from hotload.sidecar.pod_writer import ObservedPod, PodWriter, since_of
@@ -220,7 +218,13 @@ class SidecarAgent:
     async def _decide(self) -> None:
         target = self._parts.target()
         self._apply(TargetSeen(target))
-        if self._refuses_backward(target):
+        refusal = refuse_backward(self._parts.deployment, target, self._memory)
+        if refusal is not None:
+            if refusal.failed is not None:
+                extra = {**self._parts.context(), "target": refusal.failed.failed_identity}
+                log.warning("refusing a backward target", extra=extra)
+                self._apply(refusal.failed)
+            self._parts.status.phase = Phase.FAILED
             return
         job = self._runner.current
         if job is not None:
@@ -257,29 +261,6 @@ class SidecarAgent:
             engine_unconfirmed=memory.unconfirmed,
         )
         self._execute(step)
-
-    def _refuses_backward(self, target: SnapshotRef | None) -> bool:
-        """Another writer moved the target back (the operator's ``status.rollback`` does not
-        name it): nothing older is loaded and the job in flight goes on; the pod says
-        Failed/TargetInconsistent until the operator repairs the target."""
-        deployment = self._parts.deployment
-        rollback = deployment.status.rollback if deployment and deployment.status else None
-        confirmed = rollback.to_identity if rollback is not None else None
-        if target is None or not unconfirmed_backward(target, self._memory.serving, confirmed):
-            return False
-        hold = self._memory.hold
-        if hold is None or not same_target(hold.target, target):
-            message = (
-                f"the target {target.identity} (step {target.step}) is behind the served "
-                "snapshot and the operator did not move it back (status.rollback does not "
-                "name it): not loaded; waiting for the operator's repair"
-            )
-            log.warning("refusing a backward target", extra={**self._parts.context(),
-                                                            "target": target.identity})  # fmt: skip
-            decision = FailureDecision(Action.FAIL, reasons.TARGET_INCONSISTENT)
-            self._apply(Failed(decision, target, message, target.identity))
-        self._parts.status.phase = Phase.FAILED
-        return True
 
     def _execute(self, step: Step) -> None:
         if step.kind in JOB_OF_STEP:
