@@ -20,8 +20,9 @@ runtime can run many as tasks in one process. This module is only the loop:
   agent's :class:`~hotload.sidecar.memory.Memory` (a failure by the planner's
   :func:`~hotload.sidecar.planning.after_failure`: retry with backoff, replay from the
   Full fetched again, or Failed with a reason of :mod:`hotload.api.reasons`);
-- :func:`~hotload.sidecar.pod_report.replica_report` says what the pod reports, and the
-  :class:`~hotload.sidecar.pod_writer.PodWriter` repairs whatever differs on the Pod.
+- :func:`~hotload.sidecar.pod_report.replica_report` says what the pod reports (a
+  coordinated switch's phase by :func:`~hotload.sidecar.switch_timing.switch_phase`), and
+  the :class:`~hotload.sidecar.pod_writer.PodWriter` repairs whatever differs on the Pod.
 
 The loop wakes on a new deployment state, on a finished job, at a retry's time, and at
 least every ``engine_check_interval_s``.
@@ -38,7 +39,6 @@ from typing import TYPE_CHECKING
 import httpx
 from prometheus_client import CollectorRegistry
 
-from hotload.api.switch import SwitchPhase
 from hotload.engines.protocol import Engine
 from hotload.sidecar.agent_view import AgentView
 from hotload.sidecar.backward import refuse_backward
@@ -59,18 +59,11 @@ from hotload.sidecar.memory import (
 from hotload.sidecar.metrics import AgentMetrics
 from hotload.sidecar.observer import EngineObserver
 from hotload.sidecar.parts import AgentParts, EngineFactory
-from hotload.sidecar.planning import (
-    Step,
-    StepKind,
-    next_step,
-    same_snapshot,
-    same_target,
-    should_preempt,
-)
+from hotload.sidecar.planning import Step, StepKind, next_step, same_target, should_preempt
 from hotload.sidecar.pod_report import replica_report
 from hotload.sidecar.pod_writer import ObservedPod, PodWriter, since_of
 from hotload.sidecar.status import Phase, current_error
-from hotload.sidecar.switch_timing import coordinates
+from hotload.sidecar.switch_timing import switch_phase
 
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
@@ -264,10 +257,7 @@ class SidecarAgent:
 
     def _execute(self, step: Step) -> None:
         if step.kind in JOB_OF_STEP:
-            coordinated = step.kind in (StepKind.BUILD, StepKind.SWAP) and coordinates(
-                self._parts.deployment, step.target, self._memory.serving
-            )
-            self._runner.start(step, coordinated=coordinated)
+            self._runner.start(step)
         elif step.kind is StepKind.IDLE:
             idle = Phase.WAITING if self._memory.serving is None else Phase.IDLE
             self._parts.status.phase = idle
@@ -294,18 +284,6 @@ class SidecarAgent:
 
     # --- the report -----------------------------------------------------------------------
 
-    def _switch_phase(self) -> SwitchPhase | None:
-        """``hotload.dev/switch``: Staged while the target waits staged for its switch
-        time, OnTime or Late once the engine serves it after a coordinated switch."""
-        note, target = self._runner.switch_note, self._parts.target()
-        if note is None or target is None or note[0] != target.identity:
-            return None
-        serving = self._memory.serving
-        serves_target = serving is not None and same_snapshot(serving, target)
-        if note[1] is SwitchPhase.STAGED:
-            return None if serves_target else SwitchPhase.STAGED
-        return note[1] if serves_target else None
-
     def _report(self) -> None:
         """Publish what the pod must say, from what is known now (the writer repairs any
         difference on the Pod, whoever made it)."""
@@ -320,7 +298,7 @@ class SidecarAgent:
             last_error=status.last_error,
             now=datetime.now(UTC),
             max_stale_steps=deployment.spec.hot_load.max_stale_steps if deployment else None,
-            switch=self._switch_phase(),
+            switch=switch_phase(self._runner.switch_note, self._parts.target(), memory.serving),
         )
         status.state, status.since = report.state, report.since
         status.reason, status.message = report.reason, report.message

@@ -66,7 +66,7 @@ from hotload.sidecar.planning import (
     same_snapshot,
 )
 from hotload.sidecar.status import ErrorRecord, Phase, SwapRecord
-from hotload.sidecar.switch_timing import due, switch_time_of, switched, wait_s
+from hotload.sidecar.switch_timing import coordinates, due, switch_time_of, switched, wait_s
 from hotload.snapshot import manifest_digest
 
 
@@ -123,12 +123,16 @@ class JobRunner:
         """A coordinated switch's word for the pod: the target Staged (waiting for its
         time), or swapped OnTime or Late."""
 
-    def start(self, step: Step, *, coordinated: bool = False) -> None:
-        """Run ``step`` as the job in flight; its failure is folded when it returns.
-        ``coordinated``: the swap waits for a coordinated switch time."""
+    def start(self, step: Step) -> None:
+        """Run ``step`` as the job in flight; its failure is folded when it returns. A
+        build or swap waits for a coordinated switch time where the deployment asks for
+        one (:func:`~hotload.sidecar.switch_timing.coordinates`)."""
         job = JOB_OF_STEP[step.kind]
         # A reload works for whatever the target is now; the other jobs for the step's.
         target = self._parts.target() if job is Job.RELOAD else step.target
+        coordinated = step.kind in (StepKind.BUILD, StepKind.SWAP) and coordinates(
+            self._parts.deployment, step.target, self._memory().serving
+        )
         running = RunningJob(job, target, CancelToken(), coordinated=coordinated)
         self.current = running
         running.task = asyncio.get_running_loop().create_task(

@@ -15,6 +15,8 @@ the target the operator wrote).
   another engine is loaded at the instant.
 - :func:`switched` — OnTime, or Late when the swap was started after the instant (staged,
   or told the time, only after it).
+- :func:`switch_phase` — what the pod says of it (``hotload.dev/switch``), from the job
+  runner's note and what the engine serves.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from datetime import datetime, timedelta
 from typing import Final
 
 from hotload.api import SnapshotRef
+from hotload.api.kinds import Identity
 from hotload.api.rollout_deployment import RolloutDeployment
 from hotload.api.switch import SwitchMode, SwitchPhase
 from hotload.sidecar.planning import Serving, same_snapshot
@@ -76,3 +79,19 @@ def wait_s(at: datetime | None, now: datetime, *, stages: bool) -> float:
 def switched(at: datetime, started: datetime) -> SwitchPhase:
     """OnTime when the swap was started by the instant, else Late."""
     return SwitchPhase.LATE if started > at else SwitchPhase.ON_TIME
+
+
+def switch_phase(
+    note: tuple[Identity, SwitchPhase] | None, target: SnapshotRef | None, serving: Serving | None
+) -> SwitchPhase | None:
+    """``hotload.dev/switch``: Staged while the target waits staged for its switch time,
+    OnTime or Late once the engine serves it after a coordinated switch. ``note`` is the
+    job runner's word for a target (:attr:`~hotload.sidecar.jobs.JobRunner.switch_note`);
+    a note of another target says nothing, nor does Staged once the target is served (the
+    engine's word wins) or OnTime/Late while it is not."""
+    if note is None or target is None or note[0] != target.identity:
+        return None
+    serves_target = serving is not None and same_snapshot(serving, target)
+    if note[1] is SwitchPhase.STAGED:
+        return None if serves_target else SwitchPhase.STAGED
+    return note[1] if serves_target else None

@@ -26,6 +26,7 @@ from hotload.sidecar.switch_timing import (
     STAGED_AHEAD_S,
     coordinates,
     due,
+    switch_phase,
     switch_time_of,
     switched,
     wait_s,
@@ -96,6 +97,38 @@ def test_a_swap_started_after_the_instant_is_late() -> None:
     assert switched(NOW, NOW) is SwitchPhase.ON_TIME
     assert switched(NOW, NOW - timedelta(seconds=1)) is SwitchPhase.ON_TIME
     assert switched(NOW, NOW + timedelta(milliseconds=1)) is SwitchPhase.LATE
+
+
+STAGED, ON_TIME, LATE = SwitchPhase.STAGED, SwitchPhase.ON_TIME, SwitchPhase.LATE
+
+
+@pytest.mark.parametrize(
+    ("note", "target", "serving", "says"),
+    [
+        # Staged while the engine still serves the older snapshot.
+        (("s-2", STAGED), _target(), _serving(), STAGED),
+        # Staged, but the engine serves the target already (its own word wins): nothing.
+        (("s-2", STAGED), _target(), _serving("s-2", 2), None),
+        # Swapped: OnTime or Late once the engine serves the target, not before.
+        (("s-2", ON_TIME), _target(), _serving("s-2", 2), ON_TIME),
+        (("s-2", LATE), _target(), _serving("s-2", 2), LATE),
+        (("s-2", LATE), _target(), _serving(), None),
+        (("s-2", ON_TIME), _target(), None, None),
+        # A note of another target, no note, or no target: nothing to say.
+        (("s-1", STAGED), _target(), _serving(), None),
+        (None, _target(), _serving(), None),
+        (("s-2", STAGED), None, _serving(), None),
+    ],
+)
+def test_the_switch_annotation_follows_the_runners_note_and_what_the_engine_serves(
+    note: tuple[str, SwitchPhase] | None,
+    target: SnapshotRef | None,
+    serving: Serving | None,
+    says: SwitchPhase | None,
+) -> None:
+    """Would catch a Staged left on a replica that serves the target, an OnTime said before
+    the engine serves it, or a note of an older target carried onto a newer one."""
+    assert switch_phase(note, target, serving) is says
 
 
 def test_the_pod_says_staged_while_loading_and_on_time_once_ready_in_the_same_patch() -> None:
