@@ -13,9 +13,9 @@ runtime can run many as tasks in one process. This module is only the loop:
   writer moved back (nothing older is loaded, the job in flight goes on);
 - :func:`~hotload.sidecar.planning.next_step` picks the one thing to do, and
   :class:`~hotload.sidecar.jobs.JobRunner` takes that step as a job and returns its
-  outcome — or :func:`~hotload.sidecar.planning.should_preempt` cancels the job in
-  flight, which stops its threads at their next chunk and returns only when staging is
-  free again (one owner);
+  outcome — or gives way: :func:`~hotload.sidecar.planning.should_preempt` cancels the
+  job in flight, which stops its threads at their next chunk and returns only when
+  staging is free again (one owner);
 - :func:`~hotload.sidecar.memory.fold` folds every observation and outcome into the
   agent's :class:`~hotload.sidecar.memory.Memory` (a failure by the planner's
   :func:`~hotload.sidecar.planning.after_failure`: retry with backoff, replay from the
@@ -59,7 +59,7 @@ from hotload.sidecar.memory import (
 from hotload.sidecar.metrics import AgentMetrics
 from hotload.sidecar.observer import EngineObserver
 from hotload.sidecar.parts import AgentParts, EngineFactory
-from hotload.sidecar.planning import Step, StepKind, next_step, same_target, should_preempt
+from hotload.sidecar.planning import Step, StepKind, next_step, same_target
 from hotload.sidecar.pod_report import replica_report
 from hotload.sidecar.pod_writer import ObservedPod, PodWriter, since_of
 from hotload.sidecar.status import Phase, current_error
@@ -161,12 +161,7 @@ class SidecarAgent:
 
     def _on_deployment(self, view: DeploymentView) -> None:
         """From the watch: remember the newest state and wake the loop."""
-        deployment = self._parts.deployment = view.deployment
-        if deployment is not None:
-            self._parts.served_name = deployment.spec.model.served_name
-            target = deployment.status.target_snapshot if deployment.status else None
-            if target is not None:
-                self._parts.metrics.target_step.set(target.step)
+        self._parts.see_deployment(view.deployment)
         self._wake.set()
 
     # --- the loop ------------------------------------------------------------------------
@@ -183,8 +178,7 @@ class SidecarAgent:
             self._runner.reap()
             await self._observe_engine()
             await self._decide()
-            if self._runner.between_loads():
-                await self._runner.resume_if_owed()
+            await self._runner.resume_if_owed()
             self._report()
 
     async def _sleep(self) -> None:
@@ -219,21 +213,8 @@ class SidecarAgent:
                 self._apply(refusal.failed)
             self._parts.status.phase = Phase.FAILED
             return
-        job = self._runner.current
-        if job is not None:
-            if not should_preempt(job.job, job.target, target, engine_lost=job.engine_lost):
-                return
-            log.info(
-                "preempting the job in flight",
-                extra={
-                    **self._parts.context(),
-                    "job": job.job.value,
-                    "working_on": job.target.identity if job.target else None,
-                    "target": target.identity if target else None,
-                    "engine_lost": job.engine_lost,
-                },
-            )
-            await self._runner.stop()
+        if not await self._runner.gives_way(target):
+            return
         if self._parts.deployment is None:
             self._parts.status.phase = Phase.WAITING
             return

@@ -64,6 +64,7 @@ from hotload.sidecar.planning import (
     choose_route,
     confirms_digest,
     same_snapshot,
+    should_preempt,
 )
 from hotload.sidecar.status import ErrorRecord, Phase, SwapRecord
 from hotload.sidecar.switch_timing import coordinates, due, switch_time_of, switched, wait_s
@@ -139,6 +140,28 @@ class JobRunner:
             self._job(step, running), name=f"job {job.value}"
         )
         running.task.add_done_callback(lambda _: self._on_done())
+
+    async def gives_way(self, target: SnapshotRef | None) -> bool:
+        """Whether the loop may choose a step for ``target`` now: no job in flight, or one
+        :func:`~hotload.sidecar.planning.should_preempt` cancels (stopped here, so staging
+        has one owner again); False while the job in flight goes on."""
+        job = self.current
+        if job is None:
+            return True
+        if not should_preempt(job.job, job.target, target, engine_lost=job.engine_lost):
+            return False
+        log.info(
+            "preempting the job in flight",
+            extra={
+                **self._parts.context(),
+                "job": job.job.value,
+                "working_on": job.target.identity if job.target else None,
+                "target": target.identity if target else None,
+                "engine_lost": job.engine_lost,
+            },
+        )
+        await self.stop()
+        return True
 
     def reap(self) -> None:
         """Forget the job in flight once its task ended."""
@@ -548,12 +571,14 @@ class JobRunner:
 
     async def resume_if_owed(self) -> None:
         """Resume an engine a handover may have left paused (its resume kept failing, or
-        the sidecar was killed while it held requests), or that someone else paused:
-        called only :meth:`between_loads`, with the engine's weights confirmed, so no
-        load of ours is under way to be resumed into."""
+        the sidecar was killed while it held requests), or that someone else paused: only
+        :meth:`between_loads`, with the engine's weights confirmed, so no load of ours is
+        under way to be resumed into (else at a later turn)."""
         parts, memory = self._parts, self._memory()
         engine = parts.engine
         if not memory.resume_owed or engine is None or memory.serving is None:
+            return
+        if not self.between_loads():
             return
         try:
             async with asyncio.timeout(parts.config.engine_report_timeout_s):

@@ -108,6 +108,16 @@ class AgentParts:
             return None
         return deployment.status.target_snapshot
 
+    def see_deployment(self, deployment: RolloutDeployment | None) -> None:
+        """The deployment's newest state from the watch (None: gone): its served name and
+        target step go with it to the front and the metrics."""
+        self.deployment = deployment
+        if deployment is not None:
+            self.served_name = deployment.spec.model.served_name
+            target = deployment.status.target_snapshot if deployment.status else None
+            if target is not None:
+                self.metrics.target_step.set(target.step)
+
     def require_deployment(self) -> RolloutDeployment:
         deployment = self.deployment
         if deployment is None:
