@@ -31,10 +31,11 @@ def _sources(*packages: str) -> list[Path]:
     return sorted(p for package in packages for p in (PRODUCT / package).rglob("*.py"))
 
 
-#: Issue 26 asks for under 300 lines; the loop was 297 when the composition landed, and the
-#: backward-target refusal, the foreign-engine resume and the coordinated switch's phase
-#: have since added 50. This bound stops further growth until those move into their parts.
-AGENT_LINES_LIMIT = 350
+#: Issue 26's bound: the loop was 297 lines when the composition landed and grew to 347 with
+#: the backward-target refusal, the foreign-engine resume and the coordinated switch's phase;
+#: those now live in their parts (backward.py, jobs.py, switch_timing.py), leaving the loop
+#: at 287. New work goes into a part, not into the loop.
+AGENT_LINES_LIMIT = 300
 
 
 def test_the_sidecar_loop_stays_under_its_line_budget() -> None:
