@@ -133,10 +133,20 @@ def test_random_tensors_encode_as_the_frozen_encoder_did(
         assert encode_tensor(new, old, options, dtype=dtype, **flags) == expected, path
 
 
+@pytest.fixture
+def native_kernels() -> None:
+    """The native kernels are part of the product (hack/bootstrap builds them; CI always
+    has them): a test of them fails when they are missing rather than skipping."""
+    assert context_kernels.NATIVE, (
+        "the codec's native kernels are not built: python setup.py build_ext --inplace"
+    )
+
+
 def test_real_adam_steps_encode_as_the_frozen_encoder_did() -> None:
     """A small network trained for real (Adam at RL learning rates), its weights cast to
     bf16, f16 and f32 after every step: the changes an RL trainer publishes."""
-    torch = pytest.importorskip("torch")
+    import torch
+
     torch.manual_seed(3)
     casts = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 
@@ -181,11 +191,12 @@ def test_real_adam_steps_encode_as_the_frozen_encoder_did() -> None:
     assert CodecId.CONTEXT in chosen
 
 
-@pytest.mark.skipif(not context_kernels.NATIVE, reason="the native kernels are not built")
+@pytest.mark.usefixtures("native_kernels")
 def test_torch_words_in_host_memory_take_the_native_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """A trainer's CPU state_dict is encoded by the native path (viewed, not copied); a
     named torch backend still runs the torch transforms. The same payload every way."""
-    torch = pytest.importorskip("torch")
+    import torch
+
     from hotload.snapshot.codec.torch_words import TORCH_WORDS, words_of
 
     case = generate.Case("torch", "BF16", 2, 50_000, 9, 6500, "mixed", chunk=4096)
@@ -276,7 +287,7 @@ def test_sparse_frames_from_native_planes_match_numpy_planes(
     )
 
 
-@pytest.mark.skipif(not context_kernels.NATIVE, reason="the native scan is not built")
+@pytest.mark.usefixtures("native_kernels")
 def test_the_native_scan_refuses_buffers_that_disagree() -> None:
     from hotload.snapshot.codec import _context
 
@@ -351,7 +362,7 @@ def test_the_model_fit_matches_the_frozen_fit(
         assert found == expected, native
 
 
-@pytest.mark.skipif(not context_kernels.NATIVE, reason="the native kernels are not built")
+@pytest.mark.usefixtures("native_kernels")
 @settings(max_examples=100, deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
@@ -413,7 +424,7 @@ def test_the_native_fit_from_the_chunks_matches_the_fit_from_arrays(
         assert found == expected
 
 
-@pytest.mark.skipif(not context_kernels.NATIVE, reason="the native kernels are not built")
+@pytest.mark.usefixtures("native_kernels")
 def test_the_native_fit_refuses_arguments_that_disagree() -> None:
     from hotload.snapshot.codec import _context
 
@@ -446,7 +457,7 @@ def test_the_native_fit_refuses_arguments_that_disagree() -> None:
         _context.fit_finish(values, 2, [None], 16, window)
 
 
-@pytest.mark.skipif(not context_kernels.NATIVE, reason="the native kernels are not built")
+@pytest.mark.usefixtures("native_kernels")
 @settings(max_examples=100, deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
@@ -482,7 +493,7 @@ def test_the_order0_length_is_the_order0_payloads_length(
     )
 
 
-@pytest.mark.skipif(not context_kernels.NATIVE, reason="the native kernels are not built")
+@pytest.mark.usefixtures("native_kernels")
 def test_the_order0_lengths_refuse_what_the_stream_writer_refuses() -> None:
     from hotload.snapshot.codec import _context
 
@@ -532,7 +543,7 @@ print(context_kernels.NATIVE, encode_tensor(new, old, dtype="BF16").payload.hex(
 """
 
 
-@pytest.mark.skipif(not context_kernels.NATIVE, reason="the native kernels are not built")
+@pytest.mark.usefixtures("native_kernels")
 def test_a_module_built_from_an_older_source_is_left_unused() -> None:
     """A work tree rebased past a change of _context.c runs at Python speed, same bytes,
     until it rebuilds: never a call into a module that lacks the entry point."""
