@@ -17,6 +17,11 @@ clock, or at once when the Lease names nobody (a leader that stopped cleanly rel
   so a restarted process is a new candidate, not the old holder: it must wait a whole
   ``duration_s`` of silence from its first look, and the standby, which has been watching
   all along, reaches that moment first.
+- **A warm standby wins a released Lease.** A process that just started takes even a
+  Lease that names nobody only after watching it for :attr:`LeaseTiming.newcomer_wait_s`:
+  the standby, which reads it every ``poll_s`` with its caches already filled, takes it
+  first. (The replica that replaces a deleted leader started beside its release; it won
+  that race by tenths of a second and led with cold caches while the standby idled.)
 """
 
 from __future__ import annotations
@@ -55,6 +60,12 @@ class LeaseTiming:
         if not 0 < self.renew_s < self.duration_s / 2:
             raise ValueError("renew_s must be positive and under half of duration_s")
 
+    @property
+    def newcomer_wait_s(self) -> float:
+        """How long a process watches a released Lease before taking it: two of a standby's
+        polls, so a standby that has been polling all along sees the release first."""
+        return 2 * self.poll_s
+
 
 def incarnation_identity(pod_name: str) -> str:
     """This process's holder identity: the pod's name and a random incarnation, so a
@@ -92,6 +103,8 @@ class LeaderLease:
         self._seen_at = float("-inf")
         """Our clock when the Lease's version last changed (a candidate's expiry counts
         from here)."""
+        self._first_look: float | None = None
+        """Our clock when this process first read the Lease (a newcomer waits from here)."""
         self._tenure = 0
         self._leading = asyncio.Event()
         self._poke = asyncio.Event()
@@ -210,6 +223,8 @@ class LeaderLease:
                 return  # another candidate created it first
             self._take(written, now, previous=None)
             return
+        if self._first_look is None:
+            self._first_look = now
         metadata = lease.get("metadata") or {}
         spec = lease.get("spec") or {}
         version = str(metadata.get("resourceVersion") or "")
@@ -219,6 +234,8 @@ class LeaderLease:
         ours = holder == self.identity  # a tenure of ours that ran out: take a new epoch
         if holder and not ours and now - self._seen_at < self.timing.duration_s:
             return  # held, and renewed within the duration as far as we have seen
+        if not holder and now - self._first_look < self.timing.newcomer_wait_s:
+            return  # released: a standby that has been watching takes it first
         transitions = int(spec.get("leaseTransitions") or 0) + 1
         lease["spec"] = {**spec, **self._spec(transitions, stamp, stamp)}
         try:

@@ -7,7 +7,8 @@ Would catch: two holders at once, a holder whose tenure outlives its last renewa
 frozen leader that resumes and writes), a restarted process resuming its predecessor's
 tenure or preempting a live holder, a clean stop that leaves the standby waiting a whole
 Lease duration, a write sent without holding the Lease, a reconciler that saw its tenure
-lapse while the process's loop was busy and then waits forever on a Lease still renewed.
+lapse while the process's loop was busy and then waits forever on a Lease still renewed, a
+process started beside a clean stop taking the released Lease before the warm standby.
 """
 
 from __future__ import annotations
@@ -82,6 +83,34 @@ async def test_one_holder_a_silent_holder_loses_its_fence_first_and_a_restart_yi
         await second.release()
         await asyncio.wait_for(restarted.wait_leading(), TIMING.duration_s * 0.8)
         assert restarted.fence() is not None
+    finally:
+        for task in running.values():
+            task.cancel()
+        await asyncio.gather(*running.values(), return_exceptions=True)
+
+
+async def test_a_released_lease_goes_to_the_standby_not_to_a_process_just_started(
+    api: ApiClient, namespace: str
+) -> None:
+    """A Deployment replaces its deleted leader: the new pod starts as the old one stops
+    cleanly. The standby, watching all along, takes the released Lease; the newcomer
+    becomes the next standby."""
+    holder = lease(api, namespace, "op-0_eeee")
+    standby = lease(api, namespace, "op-1_ffff")
+    running = {"holder": asyncio.create_task(holder.run())}
+    try:
+        await asyncio.wait_for(holder.wait_leading(), 10)
+        running["standby"] = asyncio.create_task(standby.run())
+        await asyncio.sleep(TIMING.poll_s * 3)  # the standby has read the Lease
+        assert holder.leading and not standby.leading
+
+        running["holder"].cancel()
+        await holder.release()
+        newcomer = lease(api, namespace, "op-2_gggg")
+        running["newcomer"] = asyncio.create_task(newcomer.run())
+        await asyncio.wait_for(standby.wait_leading(), TIMING.duration_s * 0.8)
+        await asyncio.sleep(TIMING.newcomer_wait_s * 2)  # the newcomer has looked again
+        assert standby.leading and not newcomer.leading
     finally:
         for task in running.values():
             task.cancel()
