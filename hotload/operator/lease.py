@@ -17,10 +17,11 @@ clock, or at once when the Lease names nobody (a leader that stopped cleanly rel
   so a restarted process is a new candidate, not the old holder: it must wait a whole
   ``duration_s`` of silence from its first look, and the standby, which has been watching
   all along, reaches that moment first.
-- **A warm standby wins a released Lease.** A process that just started takes even a
-  Lease that names nobody only after watching it for :attr:`LeaseTiming.newcomer_wait_s`:
-  the standby, which reads it every ``poll_s`` with its caches already filled, takes it
-  first. (The replica that replaces a deleted leader started beside its release; it won
+- **A warm standby wins a released Lease.** A candidate that has watched the Lease for a
+  whole ``duration_s`` takes a Lease that names nobody at once; a newcomer (watching for
+  less) takes it only :attr:`LeaseTiming.newcomer_wait_s` after it saw it released. The
+  standby, which reads it every ``poll_s`` with its caches already filled, takes it first.
+  (The replica that replaces a deleted leader starts while the old one shuts down; it won
   that race by tenths of a second and led with cold caches while the standby idled.)
 """
 
@@ -62,8 +63,8 @@ class LeaseTiming:
 
     @property
     def newcomer_wait_s(self) -> float:
-        """How long a process watches a released Lease before taking it: two of a standby's
-        polls, so a standby that has been polling all along sees the release first."""
+        """How long a newcomer waits after it saw the Lease released before taking it: two
+        of a standby's polls, so a standby that has been polling all along takes it first."""
         return 2 * self.poll_s
 
 
@@ -104,7 +105,8 @@ class LeaderLease:
         """Our clock when the Lease's version last changed (a candidate's expiry counts
         from here)."""
         self._first_look: float | None = None
-        """Our clock when this process first read the Lease (a newcomer waits from here)."""
+        """Our clock when this process first read the Lease: a newcomer until ``duration_s``
+        after it."""
         self._tenure = 0
         self._leading = asyncio.Event()
         self._poke = asyncio.Event()
@@ -234,7 +236,8 @@ class LeaderLease:
         ours = holder == self.identity  # a tenure of ours that ran out: take a new epoch
         if holder and not ours and now - self._seen_at < self.timing.duration_s:
             return  # held, and renewed within the duration as far as we have seen
-        if not holder and now - self._first_look < self.timing.newcomer_wait_s:
+        newcomer = now - self._first_look < self.timing.duration_s
+        if not holder and newcomer and now - self._seen_at < self.timing.newcomer_wait_s:
             return  # released: a standby that has been watching takes it first
         transitions = int(spec.get("leaseTransitions") or 0) + 1
         lease["spec"] = {**spec, **self._spec(transitions, stamp, stamp)}

@@ -101,13 +101,16 @@ async def test_a_released_lease_goes_to_the_standby_not_to_a_process_just_starte
     try:
         await asyncio.wait_for(holder.wait_leading(), 10)
         running["standby"] = asyncio.create_task(standby.run())
-        await asyncio.sleep(TIMING.poll_s * 3)  # the standby has read the Lease
+        newcomer = lease(api, namespace, "op-2_gggg")
+        await asyncio.sleep(TIMING.duration_s * 1.2)  # the standby has watched a whole term
         assert holder.leading and not standby.leading
+        # The replacement starts while the leader shuts down (it has been reading the Lease
+        # for a while when the release comes).
+        running["newcomer"] = asyncio.create_task(newcomer.run())
+        await asyncio.sleep(TIMING.newcomer_wait_s * 2)
 
         running["holder"].cancel()
         await holder.release()
-        newcomer = lease(api, namespace, "op-2_gggg")
-        running["newcomer"] = asyncio.create_task(newcomer.run())
         await asyncio.wait_for(standby.wait_leading(), TIMING.duration_s * 0.8)
         await asyncio.sleep(TIMING.newcomer_wait_s * 2)  # the newcomer has looked again
         assert standby.leading and not newcomer.leading
