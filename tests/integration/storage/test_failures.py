@@ -133,12 +133,17 @@ async def test_download_survives_an_outage_and_completes_when_the_server_returns
     data = payload(2048 * KIB, seed=11)
     await storage.put("step-5/model.safetensors", data)
     retried = retry_seen()
-    first_part = asyncio.Event()
     dest = tmp_path / "model.safetensors"
+    outage_started: list[int] = []
 
     def progress(done: int, total: int) -> None:
-        if done > 0:
-            first_part.set()
+        # The outage, mid-download: stopped here, inside the download's own callback after its
+        # first part, so the next part cannot be fetched before the server is gone. (Stopped
+        # from the test instead, a fast machine fetched all 32 parts while MinIO shut down, and
+        # no retry ever happened.)
+        if done > 0 and not outage_started:
+            outage_started.append(done)
+            server.stop()
 
     try:
         download = asyncio.create_task(
@@ -151,8 +156,6 @@ async def test_download_survives_an_outage_and_completes_when_the_server_returns
                 progress=progress,
             )
         )
-        await asyncio.wait_for(first_part.wait(), timeout=30)
-        await asyncio.to_thread(server.stop)  # the outage, mid-download
         await asyncio.wait_for(retried.wait(), timeout=30)
         assert not download.done()
         await asyncio.to_thread(server.start)  # the server comes back
