@@ -26,10 +26,15 @@ ever touched.
 **A quick load reports only its end.** While the only difference between the Pod and the
 report is that the replica now works on a newer target (``state: Loading``, same
 snapshot, same everything else: :func:`working_on_only`), the writer holds that write
-back for ``loading_report_after_s`` (default :data:`DEFAULT_LOADING_REPORT_AFTER_S`): a
-load that ends sooner writes only its ``Ready`` (or ``Failed``), one that takes longer
-shows ``Loading`` from then on. Anything else — a snapshot dropped, a failure, a retry's
-reason, a gate that changes, another writer's edit — is written at once. The operator
+back for ``loading_report_after_s`` (default :data:`DEFAULT_LOADING_REPORT_AFTER_S`) plus a
+random spread of up to :data:`HOLD_SPREAD` of it (:func:`hold_for`): a load that ends sooner
+writes only its ``Ready`` (or ``Failed``), one that takes longer shows ``Loading`` from then
+on. The spread is there because a fleet's replicas start holding within the same second (the
+target moves for all of them at once): without it, 1,000 slow loads sent their ``Loading``
+writes in one second, and most of them failed under that burst and were read back and
+retried (bench/propagation/one-region-1000/analysis.md). Anything else — a snapshot
+dropped, a failure, a retry's reason, a gate that changes, another writer's edit — is
+written at once. The operator
 counts a replica that does not serve a snapshot as Loading whatever its annotations say,
 so nothing it decides waits on that write.
 
@@ -81,6 +86,8 @@ DEFAULT_CHECK_INTERVAL_S = 10.0
 #: A load shorter than this reports only the state it ends in (one write per delta); a
 #: longer one shows ``Loading`` from this point on.
 DEFAULT_LOADING_REPORT_AFTER_S = 10.0
+#: A hold lasts between ``loading_report_after_s`` and this much more of it, drawn per hold.
+HOLD_SPREAD = 0.5
 #: The annotations a "working on a newer target" report may change without a prompt write.
 _WORK_KEYS = frozenset({ANNOTATION_TARGET, ANNOTATION_STATE, ANNOTATION_SINCE})
 
@@ -170,6 +177,12 @@ def since_of(observed: ObservedPod | None) -> datetime | None:
     return parse_time(since) if since else None
 
 
+def hold_for(loading_report_after_s: float, rng: random.Random) -> float:
+    """One hold's length: ``loading_report_after_s`` stretched by up to :data:`HOLD_SPREAD`
+    of itself, uniformly, so a fleet's holds that started together end spread out."""
+    return loading_report_after_s * (1.0 + HOLD_SPREAD * rng.random())
+
+
 class PodWriter:
     """Background writer of one Pod's annotations and ``hotload.dev/SnapshotReady``."""
 
@@ -192,6 +205,8 @@ class PodWriter:
         self.loading_report_after_s = loading_report_after_s
         self._held_since: float | None = None
         """Monotonic time since when a "working on a newer target" write is held back."""
+        self._held_for = loading_report_after_s
+        """How long the present hold lasts (drawn when it starts: :func:`hold_for`)."""
         self._wanted_annotations: PodAnnotations | None = None
         self._wanted_gate: ReadinessGate | None = None
         self._observed: ObservedPod | None = None
@@ -353,7 +368,8 @@ class PodWriter:
         now = time.monotonic()
         if self._held_since is None:
             self._held_since = now
-        return self._held_since + self.loading_report_after_s - now
+            self._held_for = hold_for(self.loading_report_after_s, self._rng)
+        return self._held_since + self._held_for - now
 
     async def _write(self, *, repair: bool) -> None:
         """One patch of ``pods/status`` with every part of the report that differs."""

@@ -4,18 +4,20 @@ A table of (what the Pod says, what the agent wants it to say): only "the replic
 works on a newer target, nothing else changed" may be held back; anything the operator,
 a user or the Service reads as a fact about what is served goes at once. Would catch: a
 dropped snapshot, a failure, a retry's reason or a gate change waiting behind the hold
-(the pod claiming what the engine no longer serves), or a quick delta writing Loading.
+(the pod claiming what the engine no longer serves), a quick delta writing Loading, or a
+fleet's held writes all falling due in the same second.
 """
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime
 
 import pytest
 
 from hotload.api import LoadPath, ReplicaState, reasons
 from hotload.sidecar.pod_report import PodAnnotations, ReadinessGate, readiness_gate
-from hotload.sidecar.pod_writer import ObservedPod, working_on_only
+from hotload.sidecar.pod_writer import HOLD_SPREAD, ObservedPod, hold_for, working_on_only
 
 MOMENT = datetime(2026, 11, 23, 9, 45, tzinfo=UTC)
 LATER = datetime(2026, 11, 23, 9, 46, tzinfo=UTC)
@@ -76,3 +78,14 @@ def test_only_working_on_a_newer_target_may_wait(
     name: str, observed: ObservedPod, wanted: PodAnnotations, gate: ReadinessGate, may_wait: bool
 ) -> None:
     assert working_on_only(wanted, gate, observed) is may_wait, name
+
+
+def test_holds_that_start_together_end_spread_out() -> None:
+    """A fleet's replicas start holding in the same second; their Loading writes must not
+    all fall due in the next one (1,000 of them did, and most failed under the burst)."""
+    rng = random.Random(27)
+    holds = [hold_for(10.0, rng) for _ in range(1000)]
+    assert min(holds) >= 10.0
+    assert max(holds) <= 10.0 * (1 + HOLD_SPREAD)
+    busiest_second = max(sum(1 for h in holds if s <= h < s + 1) for s in range(10, 15))
+    assert busiest_second <= 300, busiest_second  # uniform over 5 s: ~200 a second
