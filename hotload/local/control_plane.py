@@ -3,7 +3,8 @@
 Flags follow what was checked on this machine kind (shared/control-plane-facts.md):
 etcd without fsync (a throwaway test store), an apiserver with RBAC and the
 ServiceAccount admission plugin on, a controller-manager with node lifecycle kept on
-(only it lifts the not-ready taint from fresh nodes) and without nodeipam, a scheduler,
+(only it lifts the not-ready taint from fresh nodes) and without nodeipam or the endpoint
+controllers (loopback pod addresses are refused in Endpoints and EndpointSlices), a scheduler,
 and kwok managing only our fake nodes, with our own Stages and the region's loopback /24
 for pod IPs. Every component binds 127.0.0.1.
 """
@@ -126,6 +127,16 @@ def _serving_options(region: Region, port: int) -> dict[str, str]:
     }
 
 
+CONTROLLERS = (
+    "*",
+    "-nodeipam",
+    "-endpoints-controller",
+    "-endpointslice-controller",
+    "-endpointslice-mirroring-controller",
+)
+"""kube-controller-manager's ``--controllers``: everything but what a loopback region cannot use."""
+
+
 def controller_manager(region: Region, tools: Mapping[str, Path]) -> ProcessSpec:
     certs = region.certificates
     port = region.ports.controller_manager
@@ -138,8 +149,12 @@ def controller_manager(region: Region, tools: Mapping[str, Path]) -> ProcessSpec
         "--cluster-signing-cert-file": str(certs.ca_cert),
         "--cluster-signing-key-file": str(certs.ca_key),
         # nodelifecycle stays on: it lifts the not-ready taint once kwok reports a node
-        # Ready. nodeipam is off: kwok hands out pod IPs from our loopback range.
-        "--controllers": "*,-nodeipam",
+        # Ready. nodeipam is off: kwok hands out pod IPs from our loopback range. The
+        # endpoint controllers are off because the API server refuses loopback addresses in
+        # Endpoints and EndpointSlices: they never wrote one, and retried every failure with
+        # the whole Service's addresses in the error (at 1,000 pods: 12 CPU-s per rollout
+        # and 16 MB of log, bench/propagation); the pod runtime routes from pod readiness.
+        "--controllers": ",".join(CONTROLLERS),
     }
     return ProcessSpec(
         name="kube-controller-manager",

@@ -227,7 +227,11 @@ def test_a_containers_environment_is_the_pods_world_not_the_runtimes(
 
 
 def test_a_pod_is_ready_only_once_its_gate_is_true_and_only_ready_pods_get_traffic(
-    core: k8s.CoreV1Api, module_namespace: str, echo_set: list[dict[str, Any]], service_url: str
+    core: k8s.CoreV1Api,
+    region: Region,
+    module_namespace: str,
+    echo_set: list[dict[str, Any]],
+    service_url: str,
 ) -> None:
     ns = module_namespace
     assert all(
@@ -272,6 +276,13 @@ def test_a_pod_is_ready_only_once_its_gate_is_true_and_only_ready_pods_get_traff
         with client.stream("GET", f"{service_url}/stream?n=3") as response:
             events = [line for line in response.iter_lines() if line.startswith("data:")]
         assert events[-1] == "data: [DONE]" and len(events) == 4
+    # The runtime routes from readiness alone: the region runs no endpoint controllers,
+    # which could never write a loopback address and retried each refusal with every
+    # address of the Service in the error (12 CPU-s per rollout at 1,000 pods).
+    slices = k8s.DiscoveryV1Api(core.api_client).list_namespaced_endpoint_slice(ns)
+    assert slices.items == []
+    manager_log = (region.logs_dir / "kube-controller-manager.log").read_text()
+    assert "may not be in the loopback range" not in manager_log
 
 
 def test_killing_a_containers_process_shows_a_terminated_container_and_a_restart(
