@@ -13,11 +13,18 @@ The operator watches its replica pods with it (one per deployment, with the
 deployment's label selector), each sidecar its RolloutDeployment (a field selector on
 its name) and its own Pod, the local pod runtime its region's pods and Services.
 
-``list_first=False`` skips the list: a watch without a ``resourceVersion`` starts with
-the objects as they are now (a synthetic ``ADDED`` each), which is all a consumer of one
-object by name needs, and works where RBAC grants ``watch`` but not ``list`` (the
-sidecar's own Pod: :mod:`hotload.sidecar.pod_writer`). An expiry or a failure then
-watches again from now, the same way.
+``list_first=False`` skips the list: a watch from ``resourceVersion=0`` starts with the
+objects as the API server's watch cache holds them (a synthetic ``ADDED`` each), which is
+all a consumer of one object by name needs, and works where RBAC grants ``watch`` but not
+``list`` (the sidecar's own Pod: :mod:`hotload.sidecar.pod_writer`). An expiry or a
+failure then watches again the same way. Version ``0`` ("any"), not an unset version:
+an unset one asks for a consistent start, which makes the API server fetch etcd's
+revision and hold the watch until its cache has caught up — under load it waits 3 s,
+then answers ``504 Too large resource version``, and at 1,000 sidecars those waits filled
+the priority-and-fairness seats and turned into ~10,000 failed watches and 429s per
+rollout (bench/propagation). The cache's state may lag by a moment; the events that follow
+bring it up to date, and a consumer that compares versions (the pod writer) ignores the
+older one.
 
 Raw JSON, not the generated models: a JSON parse is a few hundredths of a millisecond
 per object where a ``V1Pod`` costs about a millisecond (:mod:`hotload.kube.raw`), and
@@ -44,6 +51,8 @@ log = logging.getLogger(__name__)
 #: Server-side watch timeout; the watch is simply resumed from the last version.
 WATCH_TIMEOUT_S: Final = 240
 GONE: Final = 410
+#: The version a watch without a list starts from: whatever the watch cache holds, at once.
+ANY_VERSION: Final = "0"
 
 Obj = dict[str, Any]
 OnList = Callable[[list[Obj], str], None]
@@ -89,7 +98,7 @@ class Reflector:
         self._context = {"path": path, **(context or {})}
         self.listed = asyncio.Event()
         self.lists = 0
-        """How many times it listed, or without a list watched from now (the first sync,
+        """How many times it listed, or without a list watched from the cache (the first sync,
         then after each expiry or failure)."""
 
     async def run(self) -> None:
@@ -151,8 +160,8 @@ class Reflector:
         return version
 
     async def _watch(self, version: str | None) -> str | None:
-        """Watch from ``version`` (None: from now, the objects as they are first) until the
-        server ends the stream; the last version seen."""
+        """Watch from ``version`` (None: from :data:`ANY_VERSION`, the objects as the watch
+        cache holds them first) until the server ends the stream; the last version seen."""
         query = [
             *self._params,
             ("watch", "true"),
@@ -161,8 +170,7 @@ class Reflector:
         ]
         if version is None:
             self.lists += 1
-        else:
-            query.append(("resourceVersion", version))
+        query.append(("resourceVersion", ANY_VERSION if version is None else version))
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=10, sock_read=self._watch_timeout_s + 30
         )

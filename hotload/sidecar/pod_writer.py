@@ -12,8 +12,10 @@ replicas every 10 s), and still repair late. A watch costs nothing while nobody 
 and delivers every change at once: the API server's watch cache files a watch with a
 ``metadata.name`` field selector under that name, so an event reaches this one watcher.
 It is the shared :class:`~hotload.kube.reflector.Reflector` without a list
-(``list_first=False``): a watch from now starts with the Pod as it is, all the writer
-needs, and the sidecar's RBAC grants ``watch`` on pods but not ``list``.
+(``list_first=False``): a watch from the API server's watch cache starts with the Pod as
+the cache holds it, all the writer needs (an event older than the answer of our own last
+patch is ignored: :func:`older`), and the sidecar's RBAC grants ``watch`` on pods but not
+``list``.
 
 **One write per report.** The whole report — the ``hotload.dev/*`` annotations and the
 ``hotload.dev/SnapshotReady`` condition — goes in one patch of ``pods/status`` (the API
