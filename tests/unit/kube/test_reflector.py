@@ -18,6 +18,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from hotload.errors import KubeError, KubeExpired
 from hotload.kube.reflector import ANY_VERSION, Reflector
 from hotload.retry import RetryPolicy
+from tests.fixtures.watch_stub import serving
 
 
 def test_the_pod_watch_turns_an_expired_version_into_a_fresh_list() -> None:
@@ -64,9 +65,8 @@ async def test_a_watch_without_a_list_asks_the_watch_cache_not_for_a_consistent_
     Would catch: a from-now watch without ``resourceVersion=0``, or one that after the
     504 retries with the unset version."""
     queries: list[dict[str, str]] = []
-    closing = asyncio.Event()
 
-    async def pods(request: web.Request) -> web.StreamResponse:
+    async def pods(request: web.Request, closing: asyncio.Event) -> web.StreamResponse:
         queries.append(dict(request.query))
         stream = web.StreamResponse()
         await stream.prepare(request)
@@ -79,16 +79,10 @@ async def test_a_watch_without_a_list_asks_the_watch_cache_not_for_a_consistent_
         await closing.wait()
         return stream
 
-    app = web.Application()
-    app.router.add_get("/api/v1/namespaces/ns/pods", pods)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    configuration = Configuration()
-    configuration.host = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
     seen: list[str] = []
-    try:
+    async with serving("/api/v1/namespaces/ns/pods", pods) as host:
+        configuration = Configuration()
+        configuration.host = host
         async with ApiClient(configuration) as api:
             watch = Reflector(
                 lambda: api, "/api/v1/namespaces/ns/pods", None,
@@ -105,9 +99,6 @@ async def test_a_watch_without_a_list_asks_the_watch_cache_not_for_a_consistent_
             finally:
                 running.cancel()
                 await asyncio.gather(running, return_exceptions=True)
-    finally:
-        closing.set()
-        await runner.cleanup()
     assert seen == ["ADDED 7"]
     assert [q.get("resourceVersion") for q in queries] == [ANY_VERSION, ANY_VERSION]
     assert all(q["fieldSelector"] == "metadata.name=demo-0" and q["watch"] == "true"

@@ -20,9 +20,8 @@ rollback record or the spec being skipped.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,6 +32,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from hotload.api import API_VERSION, KvCachePolicy, SnapshotKind, SnapshotRef
 from hotload.retry import RetryPolicy
 from hotload.sidecar.deployment_watch import DeploymentView, DeploymentWatcher
+from tests.fixtures.watch_stub import serving
 
 NAME = "fleet"
 DEPLOYMENT: dict[str, Any] = {
@@ -57,29 +57,7 @@ def target(step: int, switch_at: datetime | None = None) -> dict[str, Any]:
 TARGET = target(5)
 
 
-@contextlib.asynccontextmanager
-async def serving(
-    answer: Callable[[web.Request, asyncio.Event], Awaitable[web.StreamResponse]],
-) -> AsyncIterator[str]:
-    """An HTTP server answering the deployments' path with ``answer``; a watch stream it
-    holds open waits on the event, set at teardown (so the server closes at once)."""
-    closing = asyncio.Event()
-
-    async def deployments(request: web.Request) -> web.StreamResponse:
-        return await answer(request, closing)
-
-    app = web.Application()
-    app.router.add_get("/apis/hotload.dev/v1alpha1/namespaces/ns/rolloutdeployments", deployments)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        closing.set()
-        await runner.cleanup()
+PATH = "/apis/hotload.dev/v1alpha1/namespaces/ns/rolloutdeployments"
 
 
 @pytest.fixture
@@ -108,7 +86,7 @@ async def api_server() -> AsyncIterator[tuple[str, list[str]]]:
         await closing.wait()
         return stream
 
-    async with serving(deployments) as host:
+    async with serving(PATH, deployments) as host:
         yield host, calls
 
 
@@ -185,7 +163,7 @@ async def scripted_server() -> AsyncIterator[str]:
         await closing.wait()
         return stream
 
-    async with serving(deployments) as host:
+    async with serving(PATH, deployments) as host:
         yield host
 
 
