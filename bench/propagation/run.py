@@ -722,6 +722,12 @@ def main() -> None:
     # into one shared host would measure the logger. The operator logs warnings too.
     os.environ.setdefault("HOTLOAD_LOG_LEVEL", args.log_level)
     os.environ["HOTLOAD_SHARED_HOST_SCHEDULE"] = args.host_schedule
+    if args.agent != "sidecar":
+        # The stand-in agents live in bench/, which an installed hotload does not carry: the
+        # shared hosts (started by the region's pod runtime, which passes its environment
+        # on) import them from this checkout.
+        paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     if args.agent == "echo":
         # Control plane only: each replica reports a target as loaded the moment it sees it.
         os.environ["HOTLOAD_RUNTIME_AGENT_FACTORY"] = "bench.propagation.echo_agent:run"
