@@ -199,14 +199,22 @@ def scrape(text: str) -> dict[str, float]:
     return samples
 
 
-def _requests(samples: dict[str, float], resource: str, verb: str) -> float:
-    """The API server's requests of one resource (all its subresources) and verb."""
+REFUSED = 'code="429"'
+"""Priority and fairness refused the request unprocessed: not a write, counted apart."""
+
+
+def _requests(
+    samples: dict[str, float], resource: str, verb: str, *, refused: bool = False
+) -> float:
+    """The API server's requests of one resource (all its subresources) and verb: those it
+    processed, or (``refused``) those it answered 429 without processing."""
     return sum(
         v
         for k, v in samples.items()
         if k.startswith("apiserver_request_total{")
         and f'resource="{resource}"' in k
         and f'verb="{verb}"' in k
+        and (REFUSED in k) == refused
     )
 
 
@@ -328,10 +336,10 @@ class Counters:
         def server(name: str, where: str = "") -> float:
             return total(self.apiserver, name, where) - total(before.apiserver, name, where)
 
-        def requests(resource: str, verb: str) -> float:
+        def requests(resource: str, verb: str, *, refused: bool = False) -> float:
             """Requests of ``resource`` (its subresources too) with ``verb``."""
-            return _requests(self.apiserver, resource, verb) - _requests(
-                before.apiserver, resource, verb
+            return _requests(self.apiserver, resource, verb, refused=refused) - _requests(
+                before.apiserver, resource, verb, refused=refused
             )
 
         return {
@@ -345,6 +353,7 @@ class Counters:
             "apiserver_requests_all_clients": server("apiserver_request_total"),
             "apiserver_patches_all_clients": server("apiserver_request_total", 'verb="PATCH"'),
             "apiserver_pod_patches": requests("pods", "PATCH"),
+            "apiserver_pod_patches_refused": requests("pods", "PATCH", refused=True),
             "apiserver_pod_gets": requests("pods", "GET"),
         }
 
@@ -608,7 +617,8 @@ def run_size(
                 log(f"N={replicas} {result.region} {snapshot.identity}: "
                     f"first {min(samples):.2f} s, p50 {percentile(samples, 50):.2f} s, "
                     f"all {max(samples):.2f} s, pod patches/replica "
-                    f"{cost['apiserver_pod_patches'] / replicas:.2f}, pod GETs "
+                    f"{cost['apiserver_pod_patches'] / replicas:.2f} (refused "
+                    f"{cost['apiserver_pod_patches_refused'] / replicas:.2f}), pod GETs "
                     f"{cost['apiserver_pod_gets']:.0f}")  # fmt: skip
         last = results[0].snapshots[-1]["identity"]
         for bench, result, watcher in zip(benches, results, watchers, strict=True):
@@ -819,10 +829,11 @@ def markdown(document: dict[str, Any], where: Path) -> str:
         "(median) | apply→Ready p50 | p99 | apply→all (median) | rolling restart p50 "
         "| operator status writes / snapshot | operator API requests / snapshot | operator CPU "
         "s / snapshot | all clients' API requests / snapshot | pod writes / replica / snapshot "
-        "| pod GETs / snapshot | region CPU ms / replica / snapshot | sidecar MiB (above an "
+        "| pod writes refused (429) / replica / snapshot | pod GETs / snapshot "
+        "| region CPU ms / replica / snapshot | sidecar MiB (above an "
         "empty host) | operator peak RSS MiB | PolicySnapshot bytes | load average (1 min, "
         "median over snapshots) |",
-        "|" + "---|" * 21,
+        "|" + "---|" * 22,
     ]
     for size in document["sizes"]:
         cost = size["median_cost_per_snapshot"]
@@ -834,6 +845,8 @@ def markdown(document: dict[str, Any], where: Path) -> str:
         replicas = size["replicas"]
         pod_writes = cost.get("apiserver_pod_patches")
         per_replica = f"{pod_writes / replicas:.2f}" if pod_writes is not None else "-"
+        refused = cost.get("apiserver_pod_patches_refused")
+        refused_per_replica = f"{refused / replicas:.2f}" if refused is not None else "-"
         cpu = size.get("median_cpu_seconds_per_snapshot_by_component") or {}
         region_cpu = sum(v for k, v in cpu.items() if k != "bench client")
         memory = size.get("sidecar_memory") or {}
@@ -845,7 +858,7 @@ def markdown(document: dict[str, Any], where: Path) -> str:
             f"| {size['apply_to_all_ready_median_s']} s | {restart_p50}{projected} "
             f"| {cost.get('operator_status_writes')} | {cost.get('operator_api_requests')} "
             f"| {cost.get('operator_cpu_seconds')} | {cost.get('apiserver_requests_all_clients')} "
-            f"| {per_replica} | {cost.get('apiserver_pod_gets', '-')} "
+            f"| {per_replica} | {refused_per_replica} | {cost.get('apiserver_pod_gets', '-')} "
             f"| {region_cpu / replicas * 1000:.1f} "
             f"| {memory.get('per_sidecar_above_empty_host_mib', '-')} "
             f"| {rss} | {size['ledger_bytes_per_snapshot_object']} "
