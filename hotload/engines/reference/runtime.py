@@ -78,15 +78,26 @@ forward passes streaming meanwhile still win the cores when the patch runs with 
 ``patch_nice`` (bench/swap/results.md measures both)."""
 
 
+GREEDY_BELOW = 1e-5
+"""A temperature below this samples greedily, as vLLM does (``_SAMPLING_EPS``, vllm
+0.32.0 vllm/sampling_params.py:29 and :612): dividing the logits by a temperature of 6e-59
+(the front's fuzz test found it) overflowed them to inf, the softmax to NaN, and the
+request ended in a 500."""
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     prompt: tuple[int, ...]
     max_tokens: int
     temperature: float | None = None
-    """None or 0: greedy."""
+    """None or below :data:`GREEDY_BELOW`: greedy."""
     top_p: float | None = None
     seed: int | None = None
     session: str | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return not self.temperature or self.temperature < GREEDY_BELOW
 
 
 @dataclass(frozen=True)
@@ -630,7 +641,7 @@ class ReferenceRuntime:
     def _choose(
         logits: torch.Tensor, request: GenerationRequest, generator: torch.Generator | None
     ) -> int:
-        if not request.temperature:
+        if request.greedy or request.temperature is None:
             return int(torch.argmax(logits).item())
         probs = torch.softmax(logits / request.temperature, dim=-1)
         if request.top_p is not None and 0.0 < request.top_p < 1.0:
@@ -669,7 +680,7 @@ class ReferenceRuntime:
             stats.prompt_tokens = len(request.prompt)
             stats.cached_tokens = hit.reused_tokens
             generator = None
-            if request.temperature:
+            if not request.greedy:
                 generator = torch.Generator()
                 generator.manual_seed(
                     request.seed if request.seed is not None else int(time.time_ns() % 2**63)
