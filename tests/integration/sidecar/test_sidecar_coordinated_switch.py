@@ -24,6 +24,7 @@ import pytest
 from hotload.api import GROUP, VERSION, SnapshotRef
 from hotload.api.pod import ANNOTATION_SWITCH
 from hotload.api.rollout_deployment import PLURAL
+from hotload.api.switch import parse_switch_time, switch_time
 from tests.fixtures.trainer import Trainer
 from tests.integration.sidecar.harness import (
     Replica,
@@ -75,6 +76,16 @@ def _within(instants: list[datetime], at: datetime) -> bool:
     return all(at <= moment < at + timedelta(seconds=SPREAD_S) for moment in instants)
 
 
+def _instant_in(*, seconds: float) -> datetime:
+    """A moment ``seconds`` from now as the status carries it: to the millisecond,
+    truncated. The engines swap at the instant written, so the test compares with that one
+    (compared with the unwritten microseconds, a swap 0.1 ms after the written instant read
+    as early)."""
+    moment = parse_switch_time(switch_time(datetime.now(UTC) + timedelta(seconds=seconds)))
+    assert moment is not None
+    return moment
+
+
 def _with(ref: SnapshotRef, **switch: datetime) -> SnapshotRef:
     return ref.model_copy(update=switch)
 
@@ -116,7 +127,7 @@ async def test_every_replica_swaps_at_the_committed_instant_and_none_alone(
         assert (engine["identity"], engine["staged"]) == (full.identity, first.identity)
 
     # The commit: every engine swaps at the instant, by its own account.
-    at = datetime.now(UTC) + timedelta(seconds=4)
+    at = _instant_in(seconds=4)
     _target(harness, _with(first.ref(), switch_at=at))
     records = await _switched(harness, replicas, first.identity)
     instants = [datetime.fromtimestamp(r["at"], UTC) for r in records]
@@ -140,7 +151,7 @@ async def test_every_replica_swaps_at_the_committed_instant_and_none_alone(
     # in well under the 3 s to the deadline), dies after it, and follows, Late.
     crashed = replicas[-1]
     frozen = harness.freeze(crashed, "sidecar")
-    by = datetime.now(UTC) + timedelta(seconds=3)
+    by = _instant_in(seconds=3)
     _target(harness, _with(second.ref(), switch_by=by))
     records = await _switched(harness, replicas[:-1], second.identity)
     instants = [datetime.fromtimestamp(r["at"], UTC) for r in records]
