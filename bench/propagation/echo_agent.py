@@ -30,7 +30,7 @@ from hotload.sidecar.pod_writer import PodWriter
 async def run(env: Mapping[str, str], registry: CollectorRegistry) -> None:
     """Run one pod's echo agent until cancelled."""
     config = agent_config(env)
-    api = await async_api_client(Path(env["KUBECONFIG"]))
+    api = await async_api_client(Path(env["KUBECONFIG"]), environ=env)
     writer = PodWriter(api, config.namespace, config.pod_name, RetryPolicy())
     changed = asyncio.Event()
     latest: list[DeploymentView] = []

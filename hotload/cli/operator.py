@@ -94,4 +94,4 @@ def operator(
         )
     except ConfigError as err:
         raise typer.BadParameter(str(err)) from err
-    run_operator(options, kubeconfig_from(os.environ))
+    run_operator(options, kubeconfig_from(os.environ), environ=os.environ)

@@ -60,7 +60,7 @@ async def _run(environ: Mapping[str, str], config: AgentConfig) -> None:
     from hotload.kube import async_api_client, kubeconfig_from
     from hotload.sidecar import SidecarAgent
 
-    api = await async_api_client(kubeconfig_from(environ))
+    api = await async_api_client(kubeconfig_from(environ), environ=environ)
     engine_client = httpx.AsyncClient(timeout=30.0)
 
     def engine_for(spec: EngineSpec) -> Engine:

@@ -4,13 +4,27 @@ Each call builds its own ``Configuration`` and ``ApiClient`` and never touches t
 libraries' process-wide default: the pod runtime's shared mode runs many agents in one
 process, each with its own pod-bound token. The shells read ``KUBECONFIG`` from the
 environment and pass it here (:func:`kubeconfig_from`); nothing below them reads env.
+
+**The proxy is resolved once, not per request.** kubernetes_asyncio opens its aiohttp
+session with ``trust_env=True``, so aiohttp parses ``~/.netrc`` and reads the proxy
+variables on *every* request, each in a worker thread: two thread hand-offs per request.
+At 1,000 agents in one shared host that was ~10 % of the host's CPU during a rollout
+(bench/propagation/one-region-1000/analysis.md). The async client here decides the proxy
+when it is built — ``HTTPS_PROXY``/``HTTP_PROXY`` from the environment the shell passes,
+unless ``NO_PROXY`` names the API server (:func:`proxy_for`), or the kubeconfig's own
+``proxy-url`` — and its session no longer consults the environment. A pod's environment
+does not change while it runs, so nothing a user sets is lost; ``~/.netrc`` was never a
+way to authenticate to an API server (the kubeconfig's credentials are).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from ipaddress import ip_address, ip_network
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import aiohttp
 import kubernetes.client
 import kubernetes.config
 import kubernetes_asyncio.client
@@ -26,11 +40,78 @@ def kubeconfig_from(environ: Mapping[str, str]) -> Path | None:
     return Path(first) if first else None
 
 
+#: kubernetes_asyncio's read buffer for its session: a watch event carries a whole object,
+#: up to etcd's 1.5 MiB request limit.
+READ_BUFSIZE = 2**21
+
+
+def proxy_for(server: str, environ: Mapping[str, str]) -> str | None:
+    """The proxy ``environ`` names for requests to ``server`` (the API server's URL), or
+    None: ``https_proxy``/``HTTPS_PROXY`` (``http_...`` for a plain-HTTP server), lower case
+    first as curl and Go read them, unless ``no_proxy``/``NO_PROXY`` covers the server's
+    host (:func:`bypassed`)."""
+    parts = urlsplit(server)
+    scheme = parts.scheme or "https"
+    proxy = environ.get(f"{scheme}_proxy") or environ.get(f"{scheme.upper()}_PROXY")
+    if not proxy:
+        return None
+    no_proxy = environ.get("no_proxy") or environ.get("NO_PROXY") or ""
+    if parts.hostname and bypassed(parts.hostname, no_proxy):
+        return None
+    return proxy
+
+
+def bypassed(host: str, no_proxy: str) -> bool:
+    """Whether ``no_proxy`` (comma-separated) excludes ``host``, as Go's ``httpproxy`` reads
+    it: ``*`` excludes everything, a name excludes itself and its subdomains (a leading dot
+    optional), an address or a CIDR block excludes the addresses in it."""
+    host = host.lower().strip("[]")
+    try:
+        address = ip_address(host)
+    except ValueError:
+        address = None
+    for raw in no_proxy.split(","):
+        entry = raw.strip().lower()
+        if not entry:
+            continue
+        if entry == "*":
+            return True
+        if address is not None:
+            try:
+                if address in ip_network(entry.strip("[]"), strict=False):
+                    return True
+            except ValueError:
+                pass
+            continue
+        name = entry.lstrip(".").rpartition(":")[0] or entry.lstrip(".")
+        if host == name or host.endswith("." + name):
+            return True
+    return False
+
+
+def _session_without_env_lookups(client: kubernetes_asyncio.client.ApiClient) -> None:
+    """Give the client's REST layer the same connection pool in a session that does not
+    read ``~/.netrc`` and the proxy variables on each request (see the module's docstring).
+    """
+    rest = client.rest_client
+    session: aiohttp.ClientSession = rest.pool_manager
+    connector = session.connector
+    session.detach()  # closed, without closing the connector the new session takes over
+    rest.pool_manager = aiohttp.ClientSession(
+        connector=connector, trust_env=False, read_bufsize=READ_BUFSIZE
+    )
+
+
 async def async_api_client(
-    kubeconfig: Path | None, *, context: str | None = None
+    kubeconfig: Path | None,
+    *,
+    context: str | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> kubernetes_asyncio.client.ApiClient:
     """An async client for ``kubeconfig``, or for the in-cluster service account when None.
 
+    ``environ`` is where the proxy variables are read, once (:func:`proxy_for`): the
+    shell's environment, or a shared pod's; None uses no proxy but the kubeconfig's.
     The caller owns the client and closes it (``await client.close()``).
     """
     configuration = type.__call__(kubernetes_asyncio.client.Configuration)
@@ -52,7 +133,11 @@ async def async_api_client(
             kubeconfig=str(kubeconfig) if kubeconfig else "in-cluster",
             error=str(err),
         ) from err
-    return kubernetes_asyncio.client.ApiClient(configuration=configuration)
+    if not configuration.proxy and environ is not None:
+        configuration.proxy = proxy_for(configuration.host, environ)
+    client = kubernetes_asyncio.client.ApiClient(configuration=configuration)
+    _session_without_env_lookups(client)
+    return client
 
 
 def sync_api_client(

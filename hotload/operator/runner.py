@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -63,6 +64,7 @@ async def operate(
     timing: ReconcileTiming | None = None,
     stop_flag: asyncio.Event | None = None,
     lease_timing: LeaseTiming | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> None:
     """Run until stopped (SIGTERM/SIGINT, or ``stop_flag``)."""
     quiet_kopf_logs()
@@ -70,7 +72,7 @@ async def operate(
     identity = options.identity or "hotload-operator"
 
     async def connect() -> ApiClient:
-        return await async_api_client(kubeconfig)
+        return await async_api_client(kubeconfig, environ=environ)
 
     executor = KubeExecutor(await connect(), metrics, identity, connect)
     fleet = Fleet(executor, metrics, timing or ReconcileTiming(), SIDECAR_CLUSTER_ROLE)
@@ -126,5 +128,9 @@ async def operate(
         log.info("operator stopped")
 
 
-def run_operator(options: OperatorOptions, kubeconfig: Path | None) -> None:
-    asyncio.run(operate(options, kubeconfig))
+def run_operator(
+    options: OperatorOptions, kubeconfig: Path | None, *, environ: Mapping[str, str] | None = None
+) -> None:
+    """Run the operator; ``environ`` names the proxy to the API server, if any
+    (:func:`hotload.kube.client.proxy_for`)."""
+    asyncio.run(operate(options, kubeconfig, environ=environ))

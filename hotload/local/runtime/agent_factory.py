@@ -35,7 +35,7 @@ async def run_sidecar_agent(env: Mapping[str, str], registry: CollectorRegistry)
     kubeconfig = env.get("KUBECONFIG")
     if not kubeconfig:
         raise ConfigError("a shared pod needs its KUBECONFIG", pod=config.pod_name)
-    api = await async_api_client(Path(kubeconfig))
+    api = await async_api_client(Path(kubeconfig), environ=env)
     try:
         await SidecarAgent(config, api, registry, NoopEngine(config.root)).run()
     finally:
