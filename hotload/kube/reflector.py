@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -48,7 +49,8 @@ from hotload.retry import Backoff, RetryPolicy
 
 log = logging.getLogger(__name__)
 
-#: Server-side watch timeout; the watch is simply resumed from the last version.
+#: Server-side watch timeout, the shortest: each watch asks for between this and twice this
+#: (:func:`watch_timeout_for`); the watch is simply resumed from the last version.
 WATCH_TIMEOUT_S: Final = 240
 GONE: Final = 410
 #: The version a watch without a list starts from: whatever the watch cache holds, at once.
@@ -60,6 +62,18 @@ OnList = Callable[[list[Obj], str], None]
 without a list: ``list_first=False``)."""
 OnEvent = Callable[[str, Obj], None]
 """Called with each watch event's type (ADDED, MODIFIED, DELETED) and object."""
+
+
+def watch_timeout_for(minimum_s: int, rng: random.Random) -> int:
+    """One watch request's ``timeoutSeconds``: between ``minimum_s`` and twice it, drawn per
+    request, as client-go's reflector does (``minWatchTimeout * (1 + rand)``).
+
+    Watches started together must not end together: a fleet's sidecars start within a
+    minute of each other, and with one fixed timeout their 2,000 watches of a 1,000-replica
+    region all ended and were opened again in the same seconds every 4 minutes — a burst
+    of requests that priority and fairness refused (429) and that stalled whatever rollout
+    it met (bench/propagation/one-region-1000/analysis.md)."""
+    return int(minimum_s * (1.0 + rng.random()))
 
 
 class Reflector:
@@ -84,6 +98,7 @@ class Reflector:
         watch_timeout_s: int = WATCH_TIMEOUT_S,
         context: Mapping[str, Any] | None = None,
         what: str = "list/watch",
+        rng: random.Random | None = None,
     ) -> None:
         self._api = api
         self.path = path
@@ -95,6 +110,8 @@ class Reflector:
         self._what = what
         """Names it in the log: ``<what> failed, retrying``."""
         self._watch_timeout_s = watch_timeout_s
+        """The shortest watch; each asks for up to twice it (:func:`watch_timeout_for`)."""
+        self._rng = rng or random.Random()
         self._context = {"path": path, **(context or {})}
         self.listed = asyncio.Event()
         self.lists = 0
@@ -162,18 +179,17 @@ class Reflector:
     async def _watch(self, version: str | None) -> str | None:
         """Watch from ``version`` (None: from :data:`ANY_VERSION`, the objects as the watch
         cache holds them first) until the server ends the stream; the last version seen."""
+        timeout_s = watch_timeout_for(self._watch_timeout_s, self._rng)
         query = [
             *self._params,
             ("watch", "true"),
             ("allowWatchBookmarks", "true"),
-            ("timeoutSeconds", str(self._watch_timeout_s)),
+            ("timeoutSeconds", str(timeout_s)),
         ]
         if version is None:
             self.lists += 1
         query.append(("resourceVersion", ANY_VERSION if version is None else version))
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=10, sock_read=self._watch_timeout_s + 30
-        )
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_s + 30)
         with kube_errors(**self._context):
             response = await self._request(query, timeout)
             self.listed.set()

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 
 import pytest
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from hotload.errors import KubeError, KubeExpired
-from hotload.kube.reflector import ANY_VERSION, Reflector
+from hotload.kube.reflector import ANY_VERSION, Reflector, watch_timeout_for
 from hotload.retry import RetryPolicy
 from tests.fixtures.watch_stub import serving
 
@@ -103,3 +104,64 @@ async def test_a_watch_without_a_list_asks_the_watch_cache_not_for_a_consistent_
     assert [q.get("resourceVersion") for q in queries] == [ANY_VERSION, ANY_VERSION]
     assert all(q["fieldSelector"] == "metadata.name=demo-0" and q["watch"] == "true"
                for q in queries)  # fmt: skip
+
+
+async def test_watches_started_together_ask_for_different_timeouts() -> None:
+    """Over real HTTP: every watch request asks for its own ``timeoutSeconds`` between the
+    minimum and twice it, so a fleet's watches that began in the same minute do not all end
+    and open again in the same seconds (at 1,000 sidecars, 2,000 watches every 4 minutes,
+    refused with 429 and stalling the rollout they met).
+
+    Would catch: one fixed timeout for every watch, or a draw outside [minimum, 2 x minimum).
+    """
+    minimum = 240
+    timeouts: list[int] = []
+
+    async def pods(request: web.Request, closing: asyncio.Event) -> web.StreamResponse:
+        timeouts.append(int(request.query["timeoutSeconds"]))
+        stream = web.StreamResponse()
+        await stream.prepare(request)
+        return stream  # the server ends the watch at once: it is opened again
+
+    async with serving("/api/v1/namespaces/ns/pods", pods) as host:
+        configuration = Configuration()
+        configuration.host = host
+        async with ApiClient(configuration) as api:
+            watches = [
+                Reflector(
+                    lambda: api,
+                    "/api/v1/namespaces/ns/pods",
+                    None,
+                    lambda kind, pod: None,
+                    list_first=False,
+                    watch_timeout_s=minimum,
+                )
+                for _ in range(4)
+            ]
+            running = [asyncio.create_task(watch.run()) for watch in watches]
+            try:
+                for _ in range(500):
+                    if len(timeouts) >= 40 or any(task.done() for task in running):
+                        break
+                    await asyncio.sleep(0.01)
+            finally:
+                for task in running:
+                    task.cancel()
+                await asyncio.gather(*running, return_exceptions=True)
+    assert len(timeouts) >= 40
+    assert all(minimum <= t < 2 * minimum for t in timeouts), timeouts
+    assert len(set(timeouts)) > len(timeouts) // 2, timeouts
+
+
+def test_a_watch_timeout_spans_the_minimum_to_twice_it() -> None:
+    class Fixed(random.Random):
+        def __init__(self, value: float) -> None:
+            super().__init__()
+            self.value = value
+
+        def random(self) -> float:
+            return self.value
+
+    assert watch_timeout_for(240, Fixed(0.0)) == 240
+    assert watch_timeout_for(240, Fixed(0.5)) == 360
+    assert watch_timeout_for(240, Fixed(0.9999)) == 479
