@@ -90,8 +90,13 @@ MERGE_PATCH = "application/merge-patch+json"
 #: After the Pod was found gone: how long until it is looked for again.
 DEFAULT_CHECK_INTERVAL_S = 10.0
 #: A load shorter than this reports only the state it ends in (one write per delta); a
-#: longer one shows ``Loading`` from this point on.
-DEFAULT_LOADING_REPORT_AFTER_S = 10.0
+#: longer one shows ``Loading`` from this point on. Half a minute: a delta on a GPU replica
+#: loads in seconds and a Full of a large model in minutes, so a delta writes once even
+#: while a thousand replicas load it on a busy control plane (at 10 s, most of a 1,000-
+#: replica region on two cores wrote twice: bench/propagation/one-region-1000), and a slow
+#: Full or a stuck load still shows within 30-45 s. No decision waits on this write: the
+#: operator counts a replica that does not serve the target as Loading anyway.
+DEFAULT_LOADING_REPORT_AFTER_S = 30.0
 #: The API server's priority-and-fairness refusal (nothing was processed).
 TOO_MANY_REQUESTS = 429
 #: After a 429, wait at least this (stretched by a random 1-2x), as the API server's
