@@ -204,6 +204,12 @@ def test_admission_policy_is_bound_and_enforced(tmp_path: Path) -> None:
     assert binding["spec"]["validationActions"] == ["Deny"]
     (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
     assert rule["resources"] == ["pods", "pods/status"] and rule["operations"] == ["UPDATE"]
+    # Who is a sidecar is a variable every rule starts with, not a match condition (which
+    # would convert both pods for CEL a second time on every sidecar write).
+    assert "matchConditions" not in policy["spec"]
+    assert policy["spec"]["variables"][0]["name"] == "sidecar"
+    for validation in policy["spec"]["validations"]:
+        assert validation["expression"].startswith("!variables.sidecar || "), validation
 
 
 def test_metrics_service_and_optional_service_monitor(tmp_path: Path) -> None:
