@@ -33,6 +33,7 @@ from hotload.cancellation import Cancelled, CancelToken, run_cancellable, run_in
 from hotload.engines.capabilities import PatchesInPlace, patches_in_place, stages_switch
 from hotload.engines.protocol import Engine, EngineReport
 from hotload.errors import DigestMismatch, HotloadError
+from hotload.sidecar.build_slots import build_slot
 from hotload.sidecar.handover import Handover, HandoverFailed, PatchRefused
 from hotload.sidecar.loader import BuildFailed, LoadTimings, SnapshotLoader, snapshot_at_fault
 from hotload.sidecar.memory import (
@@ -204,10 +205,12 @@ class JobRunner:
                 await self._swap_built(step.slot, step.target, running)
             elif step.kind is StepKind.BUILD:
                 assert step.slot is not None and step.target is not None
-                await self._build_and_swap(step.slot, step.target, running)
+                async with build_slot():  # at once in a pod; by turns in a shared host
+                    await self._build_and_swap(step.slot, step.target, running)
             elif step.kind is StepKind.CATCH_UP:
                 assert step.slot is not None and step.target is not None
-                await self._catch_up(step.slot, step.target, running)
+                async with build_slot():
+                    await self._catch_up(step.slot, step.target, running)
         except asyncio.CancelledError:
             log.info("job cancelled", extra={**self._parts.context(), "job": running.job.value})
             raise

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from hotload.errors import ConfigError
 from hotload.local.runtime.ranked_executor import AGENT_RANK, RankedExecutor
+from hotload.local.runtime.ranked_slots import RankedSlots
 from hotload.local.runtime.shared_protocol import (
     AgentExited,
     AgentStarted,
@@ -34,6 +35,7 @@ from hotload.local.runtime.shared_protocol import (
     decode_command,
     encode,
 )
+from hotload.sidecar.build_slots import BUILD_SLOTS, BuildSlots
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +58,16 @@ def load_factory(path: str) -> AgentFactory:
 class SharedHost:
     """The agents of one host process, by pod uid."""
 
-    def __init__(self, factory: AgentFactory, emit: Callable[[Event], None]) -> None:
+    def __init__(
+        self,
+        factory: AgentFactory,
+        emit: Callable[[Event], None],
+        slots: BuildSlots | None = None,
+    ) -> None:
         self._factory = factory
         self._emit = emit
+        self._slots = slots
+        """Turns to build, shared by this host's agents (None: every agent builds at once)."""
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.registries: dict[str, CollectorRegistry] = {}
         self._ranks = itertools.count()
@@ -71,6 +80,7 @@ class SharedHost:
         self.registries[command.uid] = registry
         context = contextvars.copy_context()  # the agent's tasks inherit its rank
         context.run(AGENT_RANK.set, next(self._ranks))
+        context.run(BUILD_SLOTS.set, self._slots)
         task = asyncio.create_task(
             self._factory(command.env, registry), name=command.pod, context=context
         )
@@ -119,6 +129,10 @@ class SharedHost:
 #: How the host's thread pool orders the agents' blocking calls: ``ranked`` (the agent
 #: started first goes first: :mod:`~hotload.local.runtime.ranked_executor`) or ``fifo``.
 SCHEDULES = ("ranked", "fifo")
+#: ``ranked``: agents building at once per core of the host (:mod:`~hotload.sidecar.build_slots`).
+#: A build alternates between the event loop and a pool thread, so two per core keep both
+#: busy; more only lengthen each turn of the loop. ``fifo`` lets every agent build at once.
+BUILDS_PER_CORE = 2
 
 
 async def serve(factory: AgentFactory, schedule: str = "ranked") -> None:
@@ -126,8 +140,11 @@ async def serve(factory: AgentFactory, schedule: str = "ranked") -> None:
     loop = asyncio.get_running_loop()
     if schedule not in SCHEDULES:
         raise ConfigError("unknown shared host schedule", schedule=schedule)
+    slots = None
     if schedule == "ranked":
-        loop.set_default_executor(RankedExecutor(min(32, (os.cpu_count() or 1) + 4), name="agents"))
+        cores = os.cpu_count() or 1
+        loop.set_default_executor(RankedExecutor(min(32, cores + 4), name="agents"))
+        slots = RankedSlots(BUILDS_PER_CORE * cores)
     reader = asyncio.StreamReader(limit=2**22)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     out = sys.stdout.buffer
@@ -136,7 +153,7 @@ async def serve(factory: AgentFactory, schedule: str = "ranked") -> None:
         out.write(encode(event))
         out.flush()
 
-    host = SharedHost(factory, emit)
+    host = SharedHost(factory, emit, slots)
     stopping: set[asyncio.Task[None]] = set()
     try:
         while line := await reader.readline():
