@@ -90,6 +90,9 @@ class DeploymentPlan:
     status_patch: dict[str, Any] | None
     status_material: bool
     snapshot_patches: dict[str, dict[str, Any]] = field(default_factory=dict)
+    progress_only: frozenset[str] = frozenset()
+    """Snapshots whose patch only records a rollout's progress (not ``material``): their
+    writes may wait for the status interval."""
     deletions: list[tuple[str, str]] = field(default_factory=list)
     """(identity, uid) of PolicySnapshots retention deletes."""
     events: list[EventSpec] = field(default_factory=list)
@@ -293,6 +296,7 @@ def plan_deployment(observation: Observation, now: datetime) -> DeploymentPlan:
         return info.order if info is not None else None
 
     snapshot_patches: dict[str, dict[str, Any]] = {}
+    progress_only: set[str] = set()
     propagated: list[tuple[str, float]] = []
     believed = corroborate(desired, {i: info.digest for i, info in infos.items()}, now)
     for identity, observed in observation.snapshots.items():
@@ -305,6 +309,8 @@ def plan_deployment(observation: Observation, now: datetime) -> DeploymentPlan:
         )  # fmt: skip
         if snap_plan.patch is not None:
             snapshot_patches[identity] = snap_plan.patch
+            if not snap_plan.material:
+                progress_only.add(identity)
         if snap_plan.completed_now and observed.created is not None:
             propagated.append((identity, (now - observed.created).total_seconds()))
         events += _snapshot_events(observed, snap_plan.condition_changes, deployment)
@@ -364,6 +370,7 @@ def plan_deployment(observation: Observation, now: datetime) -> DeploymentPlan:
         status_patch=status_patch,
         status_material=material,
         snapshot_patches=snapshot_patches,
+        progress_only=frozenset(progress_only),
         deletions=deletions,
         events=events,
         propagated=propagated,

@@ -175,6 +175,10 @@ class DeploymentReconciler:
         self._last_status_write = float("-inf")
         """Loop time of the last deployment status write (the loop's clock, as the wake-ups')."""
         self._deferred = False
+        self._snapshot_writes: dict[str, float] = {}
+        """Loop time of each snapshot's last status write (progress-only writes wait)."""
+        self._progress_due = float("-inf")
+        """When the wake-up for a waiting progress-only write is set (one at a time)."""
         self._owned_generations: dict[tuple[str, str], int | None] = {}
         self._tenure = 0
         """The leadership tenure this reconciler's view was listed in (0: none yet)."""
@@ -511,14 +515,16 @@ class DeploymentReconciler:
             await self._write_snapshot(identity, plan.snapshot_patches[identity])
         await self._write_deployment_status(plan)
         for identity, patch in plan.snapshot_patches.items():
-            if identity not in breaking:
-                await self._write_snapshot(identity, patch)
+            if identity in breaking or self._progress_waits(identity, plan):
+                continue
+            await self._write_snapshot(identity, patch)
         for identity, uid in plan.deletions:
             with contextlib.suppress(KubeNotFound):
                 await self._executor.delete_snapshot(
                     self.namespace, identity, uid, self._snapshots.resource_version(identity)
                 )
             self._snapshots.delete(identity, uid, "")
+            self._snapshot_writes.pop(identity, None)
         for identity, seconds in plan.propagated:
             self._metrics.propagation_seconds.labels(self.namespace, self.name).observe(seconds)
             log.info(
@@ -573,7 +579,25 @@ class DeploymentReconciler:
                     extra=self._context(snapshot=identity, error=str(err)),
                 )
 
+    def _progress_waits(self, identity: Identity, plan: DeploymentPlan) -> bool:
+        """Whether a snapshot's progress-only write waits (``status_interval_s`` since its
+        last write; a wake-up is set for when it comes due)."""
+        if identity not in plan.progress_only:
+            return False
+        since = asyncio.get_running_loop().time() - self._snapshot_writes.get(
+            identity, float("-inf")
+        )
+        if since >= self._timing.status_interval_s:
+            return False
+        now = asyncio.get_running_loop().time()
+        due = now + self._timing.status_interval_s - since
+        if not now < self._progress_due <= due:  # no wake-up set yet that comes in time
+            self._progress_due = due
+            self.wakeup.poke_later(due - now)
+        return True
+
     async def _write_snapshot(self, identity: Identity, patch: Mapping[str, Any]) -> None:
+        self._snapshot_writes[identity] = asyncio.get_running_loop().time()
         try:
             body = await self._executor.patch_snapshot_status(
                 self.namespace, identity, patch, self._snapshots.resource_version(identity)
