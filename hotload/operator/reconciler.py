@@ -584,20 +584,16 @@ class DeploymentReconciler:
         last write; a wake-up is set for when it comes due)."""
         if identity not in plan.progress_only:
             return False
-        since = asyncio.get_running_loop().time() - self._snapshot_writes.get(
-            identity, float("-inf")
-        )
-        if since >= self._timing.status_interval_s:
-            return False
         now = asyncio.get_running_loop().time()
-        due = now + self._timing.status_interval_s - since
+        due = self._snapshot_writes.get(identity, float("-inf")) + self._timing.status_interval_s
+        if due <= now:
+            return False
         if not now < self._progress_due <= due:  # no wake-up set yet that comes in time
             self._progress_due = due
             self.wakeup.poke_later(due - now)
         return True
 
     async def _write_snapshot(self, identity: Identity, patch: Mapping[str, Any]) -> None:
-        self._snapshot_writes[identity] = asyncio.get_running_loop().time()
         try:
             body = await self._executor.patch_snapshot_status(
                 self.namespace, identity, patch, self._snapshots.resource_version(identity)
@@ -607,6 +603,8 @@ class DeploymentReconciler:
             if observed is not None:
                 self._snapshots.delete(identity, observed.uid, "")
             return
+        # Stamped once written: a failed write must not make the retry's progress wait.
+        self._snapshot_writes[identity] = asyncio.get_running_loop().time()
         self.on_snapshot(None, body, poke=False)
 
     async def _write_deployment_status(self, plan: DeploymentPlan) -> None:
