@@ -68,10 +68,14 @@ class Backoff:
         self.policy = policy
         self.attempts = 0
         """Delays handed out since the last reset (the retries so far)."""
-        self._rng = rng or random.Random()
+        self._rng = rng
 
     def next_delay(self) -> float:
         """The delay before the next attempt (and count this attempt)."""
+        if self._rng is None:
+            # Made on the first retry, not with the backoff: seeding reads the OS's entropy,
+            # and most calls (a storage read, one per file) succeed without one.
+            self._rng = random.Random()
         delay = self.policy.delay(self.attempts, self._rng)
         self.attempts += 1
         return delay

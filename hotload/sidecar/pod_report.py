@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from hotload.api import KvCachePolicy, LoadPath, ReplicaState, SnapshotRef, reasons
@@ -65,6 +66,11 @@ class PodAnnotations:
 
     def values(self) -> dict[str, str | None]:
         """Annotation key → value; None removes the key (merge-patch semantics)."""
+        return dict(self._values)
+
+    @cached_property
+    def _values(self) -> dict[str, str | None]:
+        """Computed once: an agent compares its report with its pod on every pass."""
         failed = self.state is ReplicaState.FAILED
         why = failed or (self.state is ReplicaState.LOADING and self.reason is not None)
         message = self.message[:MESSAGE_LIMIT] if why and self.message else None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from hotload.retry import Backoff, RetryPolicy
 
 
@@ -27,3 +29,22 @@ def test_reset_starts_over() -> None:
     backoff.next_delay()
     backoff.reset()
     assert backoff.next_delay() == 1.0
+
+
+def test_a_backoff_that_never_retries_seeds_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backoff is made per storage read; seeding reads the OS's entropy (~1.5 % of a
+    1,000-agent host in a rollout), so only a retry may seed one."""
+    made: list[random.Random] = []
+
+    class Counting(random.Random):
+        def __init__(self) -> None:
+            super().__init__()
+            made.append(self)
+
+    monkeypatch.setattr("hotload.retry.random.Random", Counting)
+    backoff = Backoff(RetryPolicy(initial_s=1.0, jitter=0.5))
+    backoff.reset()
+    assert made == []
+    assert 0.5 <= backoff.next_delay() <= 1.0
+    assert 1.0 <= backoff.next_delay() <= 2.0
+    assert len(made) == 1

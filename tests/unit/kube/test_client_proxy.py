@@ -9,8 +9,9 @@ stand-in forward proxy on loopback, each counting what reached it.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -96,25 +97,32 @@ class _Counting:
         return web.json_response(VERSION)
 
 
-@pytest.fixture
-async def servers() -> AsyncIterator[tuple[_Counting, _Counting]]:
-    runners = []
-    made = []
-    for _ in range(2):
-        counting = _Counting()
-        app = web.Application()
-        app.router.add_route("GET", "/{tail:.*}", counting.handle)
-        runner = web.AppRunner(app)
-        await runner.setup()
+@contextlib.asynccontextmanager
+async def _serving(
+    handle: Callable[[web.Request], Awaitable[web.Response]],
+) -> AsyncIterator[str]:
+    """A loopback HTTP server answering every GET with ``handle``; yields its URL."""
+    app = web.Application()
+    app.router.add_route("GET", "/{tail:.*}", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        port = runner.addresses[0][1]
-        counting.url = f"http://127.0.0.1:{port}"
-        runners.append(runner)
-        made.append(counting)
-    yield made[0], made[1]
-    for runner in runners:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
         await runner.cleanup()
+
+
+@pytest.fixture
+async def servers() -> AsyncIterator[tuple[_Counting, _Counting]]:
+    async with contextlib.AsyncExitStack() as stack:
+        made = []
+        for _ in range(2):
+            counting = _Counting()
+            counting.url = await stack.enter_async_context(_serving(counting.handle))
+            made.append(counting)
+        yield made[0], made[1]
 
 
 def _kubeconfig(tmp_path: Path, server: str) -> Path:
@@ -169,3 +177,41 @@ async def test_the_process_environment_is_not_read_per_request(
         await client.close()
     assert api_server.targets == ["/version/"]
     assert proxy.targets == []
+
+
+class _Peers:
+    """A loopback HTTP server that answers every GET with a version and records the
+    client's port of each request's connection (a new port is a new connection)."""
+
+    def __init__(self) -> None:
+        self.ports: list[int] = []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        self.ports.append(peer[1] if peer else -1)
+        return web.json_response(VERSION)
+
+
+async def test_an_idle_connection_is_reused_for_the_next_report_not_reopened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sidecar reports once per snapshot, tens of seconds apart: a connection idle 60 s is
+    still reused (aiohttp alone drops it after 15 s: a TLS handshake per report), and one
+    idle past the API server's 90 s idle timeout is not offered again. The pool's clock is
+    moved, not waited for."""
+    peers = _Peers()
+    now = [1000.0]
+    monkeypatch.setattr("aiohttp.connector.monotonic", lambda: now[0])
+    async with _serving(peers.handle) as url:
+        client = await async_api_client(_kubeconfig(tmp_path, url), environ={})
+        try:
+            await VersionApi(client).get_code()
+            now[0] += 60
+            await VersionApi(client).get_code()
+            now[0] += 95
+            await VersionApi(client).get_code()
+        finally:
+            await client.close()
+    first, after_60_s, after_95_s = peers.ports
+    assert after_60_s == first
+    assert after_95_s != first

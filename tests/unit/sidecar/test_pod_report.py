@@ -120,3 +120,18 @@ def test_the_report_carries_the_digest_verified_of_what_the_engine_serves() -> N
     assert nothing.values()[ANNOTATION_DIGEST] is None  # no snapshot, no digest
     unchecked = PodAnnotations("s-4", "s-4", ReplicaState.READY, MOMENT, LoadPath.FULL)
     assert unchecked.values()[ANNOTATION_DIGEST] is None  # the engine gives none: removed
+
+
+def test_the_values_handed_out_are_copies_a_caller_may_change() -> None:
+    """The values are computed once per report (an agent compares them on every pass);
+    a caller that edits what it got (``same_content`` drops ``since``) changes no other."""
+    report = PodAnnotations("s-4", "s-5", ReplicaState.LOADING, MOMENT, LoadPath.DELTA)
+    first = report.values()
+    first.pop(ANNOTATION_SINCE)
+    first[ANNOTATION_STATE] = "Ready"
+    again = report.values()
+    assert again[ANNOTATION_SINCE] == "2026-11-23T09:45:12Z"
+    assert again[ANNOTATION_STATE] == "Loading"
+    later = PodAnnotations("s-4", "s-5", ReplicaState.LOADING, MOMENT.replace(hour=10), LoadPath.DELTA)
+    assert report.same_content(later)
+    assert report.values() == again
