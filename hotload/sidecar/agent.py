@@ -109,7 +109,13 @@ class SidecarAgent:
         self._wake = asyncio.Event()
         self._observed_pod: ObservedPod | None = None
         self._observer = EngineObserver(self._parts, self._remembered, self._pod_annotations)
-        self._runner = JobRunner(self._parts, self._remembered, self._apply, self._wake.set)
+        self._runner = JobRunner(
+            self._parts,
+            self._remembered,
+            self._apply,
+            self._wake.set,
+            waiting_for_turn=self.writer.hold_stopped,
+        )
         self.view = AgentView(self._parts, registry, self._remembered)
         """What the front reads (gate, metrics, served snapshot, ``/status``)."""
         self.ready = asyncio.Event()

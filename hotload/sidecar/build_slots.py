@@ -14,7 +14,13 @@ first within one build's time. The agent's code is the same in both places.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    AsyncExitStack,
+    asynccontextmanager,
+    nullcontext,
+)
 from contextvars import ContextVar
 from typing import Protocol
 
@@ -32,11 +38,18 @@ BUILD_SLOTS: ContextVar[BuildSlots | None] = ContextVar("hotload_build_slots", d
 
 
 @asynccontextmanager
-async def build_slot() -> AsyncIterator[None]:
-    """Hold this agent's turn to build (at once when it runs in a pod of its own)."""
+async def build_slot(
+    while_waiting: AbstractContextManager[object] = nullcontext(),
+) -> AsyncIterator[None]:
+    """Hold this agent's turn to build (at once when it runs in a pod of its own).
+
+    ``while_waiting`` is entered for the wait alone (the pod writer stops its hold's clock:
+    the wait is the host's, not the load's); a pod of its own never enters it."""
     slots = BUILD_SLOTS.get()
     if slots is None:
         yield
         return
-    async with slots.slot():
+    async with AsyncExitStack() as stack:
+        with while_waiting:
+            await stack.enter_async_context(slots.slot())
         yield

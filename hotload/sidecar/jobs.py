@@ -105,8 +105,9 @@ JOB_OF_STEP = {
 class JobRunner:
     """Runs the steps of one agent, one job at a time (see the module docstring).
 
-    ``memory`` reads the agent's memory as it is now, ``apply`` folds a fact into it, and
-    ``on_done`` is called when a job's task ends (the loop wakes)."""
+    ``memory`` reads the agent's memory as it is now, ``apply`` folds a fact into it,
+    ``on_done`` is called when a job's task ends (the loop wakes), and ``waiting_for_turn``
+    is entered while a build waits for its shared host's turn (:func:`build_slot`)."""
 
     def __init__(
         self,
@@ -114,11 +115,15 @@ class JobRunner:
         memory: Callable[[], Memory],
         apply: Callable[[Fact], None],
         on_done: Callable[[], None],
+        waiting_for_turn: Callable[[], contextlib.AbstractContextManager[object]] = (
+            contextlib.nullcontext
+        ),
     ) -> None:
         self._parts = parts
         self._memory = memory
         self._apply = apply
         self._on_done = on_done
+        self._waiting_for_turn = waiting_for_turn
         self.current: RunningJob | None = None
         """The job in flight (until the loop sees it finished, or stops it)."""
         self.switch_note: tuple[Identity, SwitchPhase] | None = None
@@ -205,11 +210,12 @@ class JobRunner:
                 await self._swap_built(step.slot, step.target, running)
             elif step.kind is StepKind.BUILD:
                 assert step.slot is not None and step.target is not None
-                async with build_slot():  # at once in a pod; by turns in a shared host
+                # At once in a pod; by turns in a shared host.
+                async with build_slot(self._waiting_for_turn()):
                     await self._build_and_swap(step.slot, step.target, running)
             elif step.kind is StepKind.CATCH_UP:
                 assert step.slot is not None and step.target is not None
-                async with build_slot():
+                async with build_slot(self._waiting_for_turn()):
                     await self._catch_up(step.slot, step.target, running)
         except asyncio.CancelledError:
             log.info("job cancelled", extra={**self._parts.context(), "job": running.job.value})

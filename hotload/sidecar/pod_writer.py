@@ -54,7 +54,8 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -223,6 +224,8 @@ class PodWriter:
         """Monotonic time since when a "working on a newer target" write is held back."""
         self._held_for = loading_report_after_s
         """How long the present hold lasts (drawn when it starts: :func:`hold_for`)."""
+        self._hold_stopped_at: float | None = None
+        """Monotonic time since when the hold's clock stands still (:meth:`hold_stopped`)."""
         self._wanted_annotations: PodAnnotations | None = None
         self._wanted_gate: ReadinessGate | None = None
         self._observed: ObservedPod | None = None
@@ -388,11 +391,33 @@ class PodWriter:
         ):
             self._held_since = None
             return 0.0
-        now = time.monotonic()
+        stopped = self._hold_stopped_at
+        now = stopped if stopped is not None else time.monotonic()
         if self._held_since is None:
             self._held_since = now
             self._held_for = hold_for(self.loading_report_after_s, self._rng)
         return self._held_since + self._held_for - now
+
+    @contextmanager
+    def hold_stopped(self) -> Iterator[None]:
+        """The hold's clock stands still inside: a load's wait for its turn to build in a
+        shared host is not part of the load.
+
+        A sidecar in a pod of its own starts building at once. In the local runtime's
+        shared mode a thousand agents take turns on two cores
+        (:mod:`hotload.sidecar.build_slots`), and the last ones wait most of a rollout for
+        theirs: counted as loading, their quick deltas outlasted the hold and wrote
+        ``Loading`` then ``Ready`` — writes a fleet of real pods would not make, which then
+        slowed the API server the turns share. The hold resumes where it stood when the
+        turn comes; what is not held (a failure, a dropped snapshot) still goes at once.
+        """
+        self._hold_stopped_at = time.monotonic()
+        try:
+            yield
+        finally:
+            stopped_at, self._hold_stopped_at = self._hold_stopped_at, None
+            if self._held_since is not None:
+                self._held_since += time.monotonic() - max(stopped_at, self._held_since)
 
     async def _write(self, *, repair: bool) -> None:
         """One patch of ``pods/status`` with every part of the report that differs."""

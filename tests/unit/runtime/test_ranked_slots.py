@@ -94,8 +94,53 @@ async def test_a_cancelled_waiter_leaves_the_queue_and_a_turn_is_never_lost() ->
 
 async def test_an_agent_in_its_own_pod_never_waits() -> None:
     assert BUILD_SLOTS.get() is None
-    async with build_slot():
+    waits: list[str] = []
+    async with build_slot(_Recording(waits)):
         pass  # no slots: nothing to wait for (a hang here fails on the suite's timeout)
+    assert waits == []  # nor is its hold's clock ever stopped
+
+
+class _Recording:
+    """A ``while_waiting`` context that records when it is entered and left."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def __enter__(self) -> None:
+        self.log.append("wait")
+
+    def __exit__(self, *_: object) -> None:
+        self.log.append("turn")
+
+
+async def test_what_runs_while_waiting_ends_when_the_turn_comes() -> None:
+    """The pod writer stops its hold's clock for the wait alone (the wait is the host's,
+    not the load's): it is left when the turn is given, before the build runs."""
+    slots = RankedSlots(1)
+    token = BUILD_SLOTS.set(slots)
+    log: list[str] = []
+    release = asyncio.Event()
+
+    async def build(rank: int) -> None:
+        async with build_slot(_Recording(log)):
+            log.append(f"build {rank}")
+            await release.wait()
+
+    async def until(length: int) -> None:
+        while len(log) < length:
+            await asyncio.sleep(0)
+
+    try:
+        first = _as_rank(0, build, 0)
+        await asyncio.wait_for(until(3), 5)
+        second = _as_rank(1, build, 1)
+        await asyncio.wait_for(until(4), 5)
+        assert log == ["wait", "turn", "build 0", "wait"]  # the second waits, clock stopped
+        release.set()
+        await asyncio.wait_for(asyncio.gather(first, second), 5)
+    finally:
+        BUILD_SLOTS.reset(token)
+    assert log == ["wait", "turn", "build 0", "wait", "turn", "build 1"]
 
 
 async def test_a_host_hands_its_slots_to_every_agent_it_starts() -> None:

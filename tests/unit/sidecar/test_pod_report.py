@@ -132,6 +132,8 @@ def test_the_values_handed_out_are_copies_a_caller_may_change() -> None:
     again = report.values()
     assert again[ANNOTATION_SINCE] == "2026-11-23T09:45:12Z"
     assert again[ANNOTATION_STATE] == "Loading"
-    later = PodAnnotations("s-4", "s-5", ReplicaState.LOADING, MOMENT.replace(hour=10), LoadPath.DELTA)
+    later = PodAnnotations(
+        "s-4", "s-5", ReplicaState.LOADING, MOMENT.replace(hour=10), LoadPath.DELTA
+    )
     assert report.same_content(later)
     assert report.values() == again
