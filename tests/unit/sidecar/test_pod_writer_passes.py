@@ -1,4 +1,5 @@
-"""A load's wait for its shared host's turn to build does not count towards the hold.
+"""What the agent's passes cost the pod writer: a wait for a turn to build is not loading
+time, and a report published again unchanged is not compared again.
 
 In the local runtime's shared mode, a thousand agents take turns to build on two cores; the
 last ones wait most of a rollout. Counted as loading, their quick deltas outlasted the 30 s
@@ -10,24 +11,27 @@ over; with the clock stopped it is not, however long the wait, and the load's en
 one write; a failure still goes at once while the clock stands.
 
 Would catch: the wait counted as loading again, a stopped clock that also holds back what
-must go at once, or a hold that never resumes.
+must go at once, or a hold that never resumes; a pass that compares its unchanged report
+with the Pod again (every 5 s at every agent), or one that misses a change of the Pod.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from hotload.api import LoadPath, ReplicaState, reasons
 from hotload.api.pod import ANNOTATION_STATE
 from hotload.retry import RetryPolicy
+from hotload.sidecar import pod_writer
 from hotload.sidecar.pod_report import PodAnnotations, condition_patch, readiness_gate
 from hotload.sidecar.pod_writer import HOLD_SPREAD, PodWriter
 from tests.fixtures.watch_stub import serving_routes
@@ -139,3 +143,30 @@ async def test_a_failure_goes_at_once_while_the_clock_stands() -> None:
             writer.publish(FAILED_5, VERIFIED)
             await asyncio.wait_for(pod.patched.wait(), timeout=10)
     assert pod.patched_states == ["Failed"]
+
+
+async def test_an_unchanged_report_is_not_compared_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    pod = _Pod()
+    compared: list[int] = []
+    differ: Callable[..., bool] = pod_writer.annotations_differ
+
+    def counting(*args: object) -> bool:
+        compared.append(1)
+        return differ(*args)
+
+    monkeypatch.setattr(pod_writer, "annotations_differ", counting)
+    async with _writer(pod) as writer:
+        writer.publish(READY_5, VERIFIED)
+        await asyncio.wait_for(writer.settled(), timeout=10)
+        assert pod.patched_states == ["Ready"]
+        before = len(compared)
+        for _ in range(100):  # the agent's passes: the same report each time
+            writer.publish(
+                PodAnnotations("s-5", "s-5", ReplicaState.READY, LATER, LoadPath.DELTA),
+                readiness_gate(4, "s-4", 4, None),
+            )
+        assert len(compared) == before
+        # A new report is compared and written as before.
+        writer.publish(FAILED_5, VERIFIED)
+        await asyncio.wait_for(writer.settled(), timeout=10)
+    assert pod.patched_states == ["Ready", "Failed"]
