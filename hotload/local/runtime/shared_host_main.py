@@ -24,6 +24,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from hotload.errors import ConfigError
+from hotload.local.runtime.heap_keeper import HeapKeeper
 from hotload.local.runtime.ranked_executor import AGENT_RANK, RankedExecutor
 from hotload.local.runtime.ranked_slots import RankedSlots
 from hotload.local.runtime.shared_protocol import (
@@ -63,11 +64,14 @@ class SharedHost:
         factory: AgentFactory,
         emit: Callable[[Event], None],
         slots: BuildSlots | None = None,
+        on_agent_ended: Callable[[], None] | None = None,
     ) -> None:
         self._factory = factory
         self._emit = emit
         self._slots = slots
         """Turns to build, shared by this host's agents (None: every agent builds at once)."""
+        self._on_agent_ended = on_agent_ended
+        """Told of every agent whose task ended (the heap keeper reclaims its objects)."""
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.registries: dict[str, CollectorRegistry] = {}
         self._ranks = itertools.count()
@@ -90,6 +94,8 @@ class SharedHost:
         log.info("agent started", extra={"pod": command.pod, "agents": len(self._tasks)})
 
     def _ended(self, uid: str, pod: str, task: asyncio.Task[None]) -> None:
+        if self._on_agent_ended is not None:
+            self._on_agent_ended()
         if self._tasks.get(uid) is task:
             del self._tasks[uid]
             self.registries.pop(uid, None)
@@ -153,7 +159,9 @@ async def serve(factory: AgentFactory, schedule: str = "ranked") -> None:
         out.write(encode(event))
         out.flush()
 
-    host = SharedHost(factory, emit, slots)
+    heap = HeapKeeper()
+    keeping = loop.create_task(heap.run(), name="heap-keeper")
+    host = SharedHost(factory, emit, slots, on_agent_ended=heap.agent_stopped)
     stopping: set[asyncio.Task[None]] = set()
     try:
         while line := await reader.readline():
@@ -166,3 +174,6 @@ async def serve(factory: AgentFactory, schedule: str = "ranked") -> None:
                 task.add_done_callback(stopping.discard)
     finally:
         await host.stop_all()
+        keeping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeping

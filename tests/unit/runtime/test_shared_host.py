@@ -55,3 +55,22 @@ def test_pipe_messages_round_trip() -> None:
     assert decode_command(encode(StopAgent("u", 2.5))) == StopAgent("u", 2.5)
     assert decode_event(encode(AgentExited("u", 137, "gone"))) == AgentExited("u", 137, "gone")
     assert decode_event(encode(AgentStarted("u"))) == AgentStarted("u")
+
+
+async def test_every_ended_agent_is_told_to_the_heap_keeper() -> None:
+    ended: list[None] = []
+
+    async def agent(env: Mapping[str, str], registry: CollectorRegistry) -> None:
+        if env["POD_NAME"] == "broken":
+            raise RuntimeError("boom")
+        await asyncio.Event().wait()
+
+    host = SharedHost(agent, lambda event: None, on_agent_ended=lambda: ended.append(None))
+    for name in ("p-0", "broken"):
+        host.start(StartAgent(name, f"ns/{name}", {"POD_NAME": name}))
+    async with asyncio.timeout(5):
+        while len(ended) < 1:
+            await asyncio.sleep(0.01)
+    assert len(ended) == 1, "the failed agent, not the running one"
+    await host.stop(StopAgent("p-0", 1.0))
+    assert len(ended) == 2
