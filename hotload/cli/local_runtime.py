@@ -86,10 +86,10 @@ def runtime_host_command(
     """Host shared-mode agents as tasks (started by the runtime; commands on stdin)."""
     import logging
 
-    from hotload.local.runtime.shared_host_main import load_factory, serve
+    from hotload.local.runtime.shared_host_main import load_factory, run_host
 
     logging.getLogger(__name__).info("shared host starting", extra={"host": name})
-    asyncio.run(serve(load_factory(agent_factory), schedule))
+    run_host(load_factory(agent_factory), schedule)
 
 
 @echo_server_app.command("echo-server")

@@ -7,6 +7,10 @@ so the thread pool and the event loop favour the same agent, and the region's re
 become Ready one after another from the first. A waiting agent that is cancelled (its
 target moved, its pod stopped) leaves the queue; one cancelled just after it was given a
 turn passes the turn on.
+
+An agent holding a turn is also urgent to the host's event loop
+(:mod:`hotload.local.runtime.urgent_loop`): its next step runs before the reactions of the
+agents still waiting, so a build does not stretch over a thousand agents' turns.
 """
 
 from __future__ import annotations
@@ -18,15 +22,18 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from hotload.local.runtime.ranked_executor import AGENT_RANK
+from hotload.local.runtime.urgent_loop import Urgency
 
 
 class RankedSlots:
     """At most ``size`` agents of one host build at once; the lowest rank waiting goes next."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, urgency: Urgency | None = None) -> None:
+        """``urgency``: told which agent holds a turn (the host's loop runs it first)."""
         if size < 1:
             raise ValueError(f"a host needs at least one build slot, not {size}")
         self.size = size
+        self._urgency = urgency
         self._free = size
         self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
@@ -39,9 +46,14 @@ class RankedSlots:
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
         await self._acquire()
+        rank = AGENT_RANK.get()
+        if self._urgency is not None:
+            self._urgency.hold(rank)
         try:
             yield
         finally:
+            if self._urgency is not None:
+                self._urgency.release(rank)
             self._release()
 
     async def _acquire(self) -> None:

@@ -36,6 +36,7 @@ from hotload.local.runtime.shared_protocol import (
     decode_command,
     encode,
 )
+from hotload.local.runtime.urgent_loop import Urgency, urgent_first_runner
 from hotload.sidecar.build_slots import BUILD_SLOTS, BuildSlots
 
 log = logging.getLogger(__name__)
@@ -141,16 +142,38 @@ SCHEDULES = ("ranked", "fifo")
 BUILDS_PER_CORE = 2
 
 
-async def serve(factory: AgentFactory, schedule: str = "ranked") -> None:
-    """Read commands from stdin, write events to stdout, until stdin closes."""
+def run_host(factory: AgentFactory, schedule: str = "ranked") -> None:
+    """Serve until stdin closes; ``ranked`` on a loop that runs building agents first
+    (:mod:`~hotload.local.runtime.urgent_loop`), ``fifo`` on a plain one."""
+    if schedule not in SCHEDULES:
+        raise ConfigError("unknown shared host schedule", schedule=schedule)
+    if schedule == "fifo":
+        asyncio.run(serve(factory, schedule))
+        return
+    urgency = Urgency(first_ranks=build_slots())
+    with urgent_first_runner(urgency) as runner:
+        runner.run(serve(factory, schedule, urgency))
+
+
+def build_slots() -> int:
+    """Turns to build of a ``ranked`` host: :data:`BUILDS_PER_CORE` per core."""
+    return BUILDS_PER_CORE * (os.cpu_count() or 1)
+
+
+async def serve(
+    factory: AgentFactory, schedule: str = "ranked", urgency: Urgency | None = None
+) -> None:
+    """Read commands from stdin, write events to stdout, until stdin closes.
+
+    ``urgency``: the running loop's (:func:`run_host`), told which agents hold a turn."""
     loop = asyncio.get_running_loop()
     if schedule not in SCHEDULES:
         raise ConfigError("unknown shared host schedule", schedule=schedule)
     slots = None
     if schedule == "ranked":
         cores = os.cpu_count() or 1
-        loop.set_default_executor(RankedExecutor(min(32, cores + 4), name="agents"))
-        slots = RankedSlots(BUILDS_PER_CORE * cores)
+        loop.set_default_executor(RankedExecutor(min(32, cores + 4), "agents", urgency))
+        slots = RankedSlots(build_slots(), urgency)
     reader = asyncio.StreamReader(limit=2**22)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     out = sys.stdout.buffer
