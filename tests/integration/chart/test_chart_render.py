@@ -86,7 +86,7 @@ def test_the_lease_has_its_role_and_the_fencing_policy_reads_that_lease(tmp_path
     binding = one(objects, "ValidatingAdmissionPolicyBinding", "hotload-operator-fence")
     assert binding["spec"]["paramRef"] == {
         "name": "hotload-leader", "namespace": "hotload-system",
-        "parameterNotFoundAction": "Deny",
+        "parameterNotFoundAction": "Allow",  # test_fencing_params.py says why
     }  # fmt: skip
     policy = one(objects, "ValidatingAdmissionPolicy", "hotload-operator-fence")
     assert policy["spec"]["paramKind"] == {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease"}
