@@ -36,7 +36,7 @@ from hotload.local.runtime.shared_protocol import (
     decode_command,
     encode,
 )
-from hotload.local.runtime.urgent_loop import Urgency, urgent_first_runner
+from hotload.local.runtime.urgent_loop import Urgency, UrgentFirstLoop, urgent_first_runner
 from hotload.sidecar.build_slots import BUILD_SLOTS, BuildSlots
 
 log = logging.getLogger(__name__)
@@ -148,6 +148,13 @@ def run_host(factory: AgentFactory, schedule: str = "ranked") -> None:
     if schedule not in SCHEDULES:
         raise ConfigError("unknown shared host schedule", schedule=schedule)
     if schedule == "fifo":
+        asyncio.run(serve(factory, schedule))
+        return
+    if not UrgentFirstLoop.supported():
+        log.warning(
+            "this Python's event loop lacks the hooks of the urgent lane: a plain loop",
+            extra={"python": sys.version.split()[0]},
+        )
         asyncio.run(serve(factory, schedule))
         return
     urgency = Urgency(first_ranks=build_slots())

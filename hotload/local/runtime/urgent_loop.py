@@ -118,6 +118,19 @@ class Urgency:
 class UrgentFirstLoop(asyncio.SelectorEventLoop):
     """A selector event loop that runs urgent agents' ready callbacks first (see module)."""
 
+    @staticmethod
+    def supported() -> bool:
+        """Whether this Python's event loop has the private hooks this loop needs (a later
+        CPython may not: the host then runs a plain loop, see :func:`run_host`)."""
+        base = asyncio.SelectorEventLoop
+        probe = base()
+        try:
+            return all(hasattr(base, name) for name in ("_call_soon", "_add_callback")) and (
+                hasattr(probe, "_ready") and hasattr(probe._ready, "insert")
+            )
+        finally:
+            probe.close()
+
     def __init__(self, urgency: Urgency) -> None:
         super().__init__()
         self.urgency = urgency

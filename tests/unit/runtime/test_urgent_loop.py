@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from hotload.local.runtime import shared_host_main
 from hotload.local.runtime.ranked_executor import AGENT_RANK, RankedExecutor
 from hotload.local.runtime.ranked_slots import RankedSlots
 from hotload.local.runtime.urgent_loop import (
@@ -77,6 +78,10 @@ def _run(coroutine_fn: Callable[[Urgency], Awaitable[int]]) -> int:
     with urgent_first_runner(urgency) as runner:
         assert isinstance(runner.get_loop(), UrgentFirstLoop)
         return runner.run(coroutine_fn(urgency))  # type: ignore[arg-type]
+
+
+def test_this_python_has_the_hooks_the_urgent_lane_needs() -> None:
+    assert UrgentFirstLoop.supported()
 
 
 def test_an_urgent_agents_steps_go_before_a_storm_of_other_agents() -> None:
@@ -251,3 +256,21 @@ async def test_a_build_turn_makes_its_holder_urgent_and_giving_it_back_ends_that
     leave.set()
     await task
     assert not urgency.urgent(6)
+
+
+def test_a_ranked_host_runs_on_the_urgent_loop_and_a_plain_one_without_its_hooks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[tuple[type[asyncio.AbstractEventLoop], Urgency | None]] = []
+
+    async def serve(factory: object, schedule: str, urgency: Urgency | None = None) -> None:
+        seen.append((type(asyncio.get_running_loop()), urgency))
+
+    monkeypatch.setattr(shared_host_main, "serve", serve)
+    shared_host_main.run_host(lambda env, registry: None, "ranked")  # type: ignore[arg-type,return-value]
+    monkeypatch.setattr(UrgentFirstLoop, "supported", staticmethod(lambda: False))
+    shared_host_main.run_host(lambda env, registry: None, "ranked")  # type: ignore[arg-type,return-value]
+    (urgent_loop, urgency), (plain_loop, none) = seen
+    assert urgent_loop is UrgentFirstLoop and urgency is not None
+    assert urgency.first_ranks == shared_host_main.build_slots()
+    assert plain_loop is not UrgentFirstLoop and none is None
