@@ -143,23 +143,28 @@ BUILDS_PER_CORE = 2
 
 
 def run_host(factory: AgentFactory, schedule: str = "ranked") -> None:
-    """Serve until stdin closes; ``ranked`` on a loop that runs building agents first
-    (:mod:`~hotload.local.runtime.urgent_loop`), ``fifo`` on a plain one."""
+    """Serve until stdin closes, on the loop :func:`host_runner` picks."""
+    runner, urgency = host_runner(schedule)
+    with runner:
+        runner.run(serve(factory, schedule, urgency))
+
+
+def host_runner(schedule: str) -> tuple[asyncio.Runner, Urgency | None]:
+    """``ranked``: a loop that runs building agents first
+    (:mod:`~hotload.local.runtime.urgent_loop`) and its urgency; ``fifo``, or a Python
+    whose event loop lacks the urgent lane's hooks: a plain loop."""
     if schedule not in SCHEDULES:
         raise ConfigError("unknown shared host schedule", schedule=schedule)
     if schedule == "fifo":
-        asyncio.run(serve(factory, schedule))
-        return
+        return asyncio.Runner(), None
     if not UrgentFirstLoop.supported():
         log.warning(
             "this Python's event loop lacks the hooks of the urgent lane: a plain loop",
             extra={"python": sys.version.split()[0]},
         )
-        asyncio.run(serve(factory, schedule))
-        return
+        return asyncio.Runner(), None
     urgency = Urgency(first_ranks=build_slots())
-    with urgent_first_runner(urgency) as runner:
-        runner.run(serve(factory, schedule, urgency))
+    return urgent_first_runner(urgency), urgency
 
 
 def build_slots() -> int:

@@ -34,9 +34,15 @@ STORM_STEPS = 40
 AGENT_STEPS = 20
 
 
-def _in_agent(rank: int, coroutine: Awaitable[object]) -> asyncio.Task[object]:
+def _agent_context(rank: int) -> contextvars.Context:
+    """A context as an agent of ``rank`` runs in (its tasks inherit it)."""
     context = contextvars.copy_context()
     context.run(AGENT_RANK.set, rank)
+    return context
+
+
+def _in_agent(rank: int, coroutine: Awaitable[object]) -> asyncio.Task[object]:
+    context = _agent_context(rank)
     return asyncio.get_running_loop().create_task(coroutine, context=context)  # type: ignore[arg-type]
 
 
@@ -126,10 +132,7 @@ def test_urgent_callbacks_go_first_in_their_own_order_and_the_rest_keep_theirs()
         ran: list[str] = []
         done = loop.create_future()
         urgency.hold(3)
-        agent = contextvars.copy_context()
-        agent.run(AGENT_RANK.set, 3)
-        other = contextvars.copy_context()
-        other.run(AGENT_RANK.set, 8)
+        agent, other = _agent_context(3), _agent_context(8)
         for name, context in (
             ("x", other),
             ("a", agent),
@@ -158,8 +161,7 @@ def test_call_soon_threadsafe_from_an_urgent_context_goes_first() -> None:
         loop.call_soon(ran.append, "before")
 
         def from_thread() -> None:
-            context = contextvars.copy_context()
-            context.run(AGENT_RANK.set, 1)
+            context = _agent_context(1)
             context.run(loop.call_soon_threadsafe, ran.append, "urgent")
             loop.call_soon_threadsafe(done.set_result, None)
 
@@ -214,8 +216,7 @@ def test_a_ready_socket_of_an_urgent_agent_is_read_first() -> None:
             ours, theirs = socket.socketpair()
             ours.setblocking(False)
             pairs.append((ours, theirs))
-            context = contextvars.copy_context()
-            context.run(AGENT_RANK.set, rank)
+            context = _agent_context(rank)
 
             def on_readable(sock: socket.socket = ours, name: str = name) -> None:
                 sock.recv(16)
@@ -261,16 +262,15 @@ async def test_a_build_turn_makes_its_holder_urgent_and_giving_it_back_ends_that
 def test_a_ranked_host_runs_on_the_urgent_loop_and_a_plain_one_without_its_hooks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    seen: list[tuple[type[asyncio.AbstractEventLoop], Urgency | None]] = []
-
-    async def serve(factory: object, schedule: str, urgency: Urgency | None = None) -> None:
-        seen.append((type(asyncio.get_running_loop()), urgency))
-
-    monkeypatch.setattr(shared_host_main, "serve", serve)
-    shared_host_main.run_host(lambda env, registry: None, "ranked")  # type: ignore[arg-type,return-value]
+    runner, urgency = shared_host_main.host_runner("ranked")
+    with runner:
+        assert isinstance(runner.get_loop(), UrgentFirstLoop)
+    assert urgency is not None and urgency.first_ranks == shared_host_main.build_slots()
+    runner, urgency = shared_host_main.host_runner("fifo")
+    with runner:
+        assert not isinstance(runner.get_loop(), UrgentFirstLoop) and urgency is None
+    # A Python without the private hooks cannot run here: its answer is stood in for.
     monkeypatch.setattr(UrgentFirstLoop, "supported", staticmethod(lambda: False))
-    shared_host_main.run_host(lambda env, registry: None, "ranked")  # type: ignore[arg-type,return-value]
-    (urgent_loop, urgency), (plain_loop, none) = seen
-    assert urgent_loop is UrgentFirstLoop and urgency is not None
-    assert urgency.first_ranks == shared_host_main.build_slots()
-    assert plain_loop is not UrgentFirstLoop and none is None
+    runner, urgency = shared_host_main.host_runner("ranked")
+    with runner:
+        assert not isinstance(runner.get_loop(), UrgentFirstLoop) and urgency is None
