@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from hotload.api.group import API_VERSION, GROUP, VERSION
     from hotload.api.kinds import IDENTITY_PATTERN, KvCachePolicy, SnapshotKind
     from hotload.api.policy_snapshot import (
+        CheckpointRef,
         DeploymentRef,
         IncrementalSpec,
         LoadPath,
@@ -48,6 +49,7 @@ _HOMES: Final = {
     "GROUP": "hotload.api.group",
     "VERSION": "hotload.api.group",
     "DeploymentRef": "hotload.api.policy_snapshot",
+    "CheckpointRef": "hotload.api.policy_snapshot",
     "IncrementalSpec": "hotload.api.policy_snapshot",
     "LoadPath": "hotload.api.policy_snapshot",
     "PolicySnapshot": "hotload.api.policy_snapshot",
@@ -94,6 +96,7 @@ __all__ = [
     "GROUP",
     "IDENTITY_PATTERN",
     "VERSION",
+    "CheckpointRef",
     "Condition",
     "ConditionStatus",
     "DeploymentRef",

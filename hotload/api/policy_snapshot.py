@@ -31,6 +31,18 @@ class DeploymentRef(ApiModel):
     name: Annotated[str, Field(min_length=1, max_length=253)]
 
 
+class CheckpointRef(ApiModel):
+    """A Full of the same weights as a snapshot of this delta's chain, published beside the
+    chain (docs/snapshot-format.md, "Checkpoints"): a replica that holds nothing of the
+    chain after ``of`` loads ``identity`` and the deltas after ``of``, and nothing older
+    than ``of`` is needed any more."""
+
+    identity: ValidIdentity
+    """The checkpoint: a Full, in the bucket, with no PolicySnapshot of its own."""
+    of: ValidIdentity
+    """The snapshot of this delta's chain whose weights the checkpoint holds."""
+
+
 class IncrementalSpec(ApiModel):
     """How a delta relates to the snapshot before it."""
 
@@ -42,6 +54,8 @@ class IncrementalSpec(ApiModel):
     """Format and version of the delta files, e.g. hotload-delta/v1."""
     checksum_format: Annotated[str, Field(min_length=1, max_length=64)] = DEFAULT_CHECKSUM_FORMAT
     """Hash of the stored files: sha256 (adler32 accepted for compatibility)."""
+    checkpoint: CheckpointRef | None = None
+    """The newest checkpoint of this delta's chain, as its manifest names it."""
 
 
 class PolicySnapshotSpec(ApiModel):
