@@ -180,7 +180,7 @@ def _rebuild_complete(
 
 def _check_previous(previous: Path, manifest: Manifest, index: TensorIndex, verify: bool) -> None:
     record = read_rebuilt_record(previous)
-    if record is not None and record.get("identity") != manifest.previous:
+    if record is not None and not manifest.builds_on(str(record.get("identity"))):
         raise ChainBroken(
             "the previous directory holds another snapshot",
             identity=manifest.identity,

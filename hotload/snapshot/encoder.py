@@ -24,11 +24,14 @@ from hotload.snapshot.codec.tensor_codec import CodecOptions, encode_tensor
 from hotload.snapshot.digest import bytes_digest, file_digest, referenced_digest, tensor_hash
 from hotload.snapshot.layout import CONFIG, ModelDir, check_config_change, scan
 from hotload.snapshot.manifest import (
+    FORMAT,
+    FORMAT_CHECKPOINT,
     MANIFEST_NAME,
     ByteRange,
     CodecId,
     FileHash,
     Manifest,
+    ManifestCheckpoint,
     ReferencedFile,
     ShardEntry,
     StoredFile,
@@ -85,12 +88,14 @@ def encode(
     ignored_config_fields: Iterable[str] = (),
     options: CodecOptions = CodecOptions(),
     threads: int = 1,
+    checkpoint: ManifestCheckpoint | None = None,
 ) -> EncodeResult:
     """Write the snapshot of ``current`` into ``out`` (which must not exist, or be empty).
 
     ``current`` with ``adapter_config.json`` is a LoRA (always complete); with no
     ``previous`` a Full; else an Incremental against ``previous`` (a model directory
-    holding the weights of snapshot ``previous_identity``).
+    holding the weights of snapshot ``previous_identity``), naming ``checkpoint`` (v5)
+    when one is given.
     """
     ignored = sorted(set(ignored_config_fields))
     model = scan(current)
@@ -124,6 +129,7 @@ def encode(
                 ignored=ignored,
                 options=options,
                 pool=pool,
+                checkpoint=checkpoint,
             )
     finally:
         if pool is not None:
@@ -262,10 +268,12 @@ def write_incremental(
     pool: ThreadPoolExecutor | None,
     previous_digest: str | None = None,
     store_headers: bool = False,
+    checkpoint: ManifestCheckpoint | None = None,
 ) -> EncodeResult:
     """The incremental snapshot from ``old`` to ``new`` tensors; non-tensor files from
     ``before`` and ``model`` (their ``others``). ``store_headers`` stores every shard
-    header (when the previous directory's header bytes are not known)."""
+    header (when the previous directory's header bytes are not known). ``checkpoint``:
+    the chain's newest checkpoint, named in a v5 manifest."""
     with staged_directory(out) as staging:
         files, referenced = copy_changed_others(before, model, staging, ignored)
         previous_digest = previous_digest or old.digest()
@@ -273,6 +281,8 @@ def write_incremental(
             old, new, staging, options, pool, store_headers
         )
         manifest = Manifest(
+            format=FORMAT_CHECKPOINT if checkpoint is not None else FORMAT,
+            checkpoint=checkpoint,
             identity=identity,
             step=step,
             kind=SnapshotKind.INCREMENTAL,

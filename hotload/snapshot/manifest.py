@@ -20,7 +20,14 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from hotload.api import SnapshotKind
-from hotload.api.formats import FORMAT_V1, FORMAT_V2, FORMAT_V3, FORMAT_V4, READABLE_FORMATS
+from hotload.api.formats import (
+    FORMAT_V1,
+    FORMAT_V2,
+    FORMAT_V3,
+    FORMAT_V4,
+    FORMAT_V5,
+    READABLE_FORMATS,
+)
 from hotload.api.formats import FileHash as FileHash
 from hotload.api.identity import ValidIdentity
 from hotload.api.kinds import Identity
@@ -48,6 +55,13 @@ FORMAT: Final = FORMAT_V3
 FORMAT_PARTS: Final = FORMAT_V4
 """The format of a snapshot whose tensors are stored as parts (a sharded trainer's): the
 first that has them, so a reader of v3 refuses such a snapshot instead of misreading it."""
+
+FORMAT_CHECKPOINT: Final = FORMAT_V5
+"""The format of a delta that names a checkpoint (``Manifest.checkpoint``): v4's rules and
+that key, so a reader of v4 refuses the delta instead of walking past the checkpoint."""
+
+PARTED_FORMATS: Final = (FORMAT_V4, FORMAT_V5)
+"""Formats in which tensors may be stored as parts."""
 
 FORMATS: Final = READABLE_FORMATS
 """Every format and version a reader accepts (``hotload.api.formats``, which the operator
@@ -263,12 +277,29 @@ class TensorEntry(_Model):
         return self.numel * DTYPES[self.dtype].width
 
 
+class ManifestCheckpoint(_Model):
+    """v5: a Full holding the same weights as a snapshot of this delta's chain, published
+    beside the chain (docs/snapshot-format.md, "Checkpoints (v5)").
+
+    A reader walking the chain back from this delta stops at ``of``: a replica holding
+    ``of`` or a later snapshot of the chain applies the deltas; any other loads the Full
+    ``identity`` and then the deltas after ``of``. The reader checks that the Full's
+    tensor-set digest equals the ``previousDigest`` of the delta that applies to ``of``,
+    so a checkpoint of other weights is a broken chain, never a silent swap."""
+
+    identity: ValidIdentity
+    """The checkpoint: a Full snapshot in the same bucket."""
+    of: ValidIdentity
+    """The snapshot of the chain whose weights it holds."""
+
+
 class Manifest(_Model):
     """Everything a reader needs to fetch, verify and rebuild one snapshot."""
 
     format: str = FORMAT
-    """``hotload-delta/v3`` (written), ``/v4`` (written when tensors have parts), ``/v2``
-    or ``/v1`` (read); others are refused."""
+    """``hotload-delta/v3`` (written), ``/v4`` (written when tensors have parts), ``/v5``
+    (written when a delta names a checkpoint), ``/v2`` or ``/v1`` (read); others are
+    refused."""
     identity: ValidIdentity
     step: Annotated[int, Field(ge=0)]
     kind: SnapshotKind
@@ -295,11 +326,14 @@ class Manifest(_Model):
     tensors: Annotated[list[TensorEntry], Field(max_length=MAX_TENSORS)] = Field(
         default_factory=list
     )
+    checkpoint: ManifestCheckpoint | None = None
+    """v5, Incremental only: the newest checkpoint of this delta's chain."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
         if self.format not in FORMATS:
             raise ValueError(f"format {self.format!r} is not one of {FORMATS}")
+        self._check_checkpoint()
         if self.tensor_hash != TENSOR_HASH:
             raise ValueError(f"tensorHash {self.tensor_hash!r} is not {TENSOR_HASH!r}")
         incremental = self.kind is SnapshotKind.INCREMENTAL
@@ -358,6 +392,31 @@ class Manifest(_Model):
                 _check_range(shard.header, delta_sizes, shard.path)
         return self
 
+    def builds_on(self, identity: str | None) -> bool:
+        """Whether this delta may be decoded onto a rebuild of ``identity``: its previous
+        snapshot, or, for the delta right after its checkpoint's snapshot, the checkpoint
+        (the same weights; the decoder checks the digest either way)."""
+        if identity == self.previous:
+            return True
+        checkpoint = self.checkpoint
+        return checkpoint is not None and (checkpoint.of, checkpoint.identity) == (
+            self.previous,
+            identity,
+        )
+
+    def _check_checkpoint(self) -> None:
+        checkpoint = self.checkpoint
+        if (checkpoint is not None) != (self.format == FORMAT_CHECKPOINT):
+            raise ValueError(f"a checkpoint is named in (and only in) {FORMAT_CHECKPOINT}")
+        if checkpoint is None:
+            return
+        if self.kind is not SnapshotKind.INCREMENTAL:
+            raise ValueError("only an Incremental snapshot names a checkpoint")
+        if self.identity in (checkpoint.identity, checkpoint.of):
+            raise ValueError("a delta's checkpoint is of an older snapshot, not of itself")
+        if checkpoint.identity == checkpoint.of:
+            raise ValueError("a checkpoint is a Full beside the chain, not a snapshot of it")
+
     def _check_parts_allowed(self, incremental: bool) -> bool:
         """Whether this is a *parted Full* (its tensors stored as parts, its shards rebuilt
         from stored headers, as a delta's are); parts need v4, never in a LoRA, and at
@@ -365,8 +424,8 @@ class Manifest(_Model):
         counts = [len(t.parts) for t in self.tensors if t.parts is not None]
         if not counts:
             return False
-        if self.format != FORMAT_V4:
-            raise ValueError(f"tensors stored as parts need {FORMAT_V4}")
+        if self.format not in PARTED_FORMATS:
+            raise ValueError(f"tensors stored as parts need {FORMAT_V4} or later")
         if self.kind is SnapshotKind.LORA:
             raise ValueError("a LoRA adapter is never stored as parts")
         if sum(counts) > MAX_PARTS:
@@ -379,7 +438,7 @@ class Manifest(_Model):
         return any(tensor.parts is not None for tensor in self.tensors)
 
     def _check_file_hashes(self) -> None:
-        v3 = self.format in (FORMAT_V3, FORMAT_V4)  # v4 keeps every rule of v3
+        v3 = self.format in (FORMAT_V3, *PARTED_FORMATS)  # v4 and v5 keep every rule of v3
         if v3 and self.file_hash is not FileHash.SHA256:
             raise ValueError(f"{FORMAT_V3} stores sha256 file hashes only")
         if any((entry.hash is None) != v3 for entry in self.referenced):

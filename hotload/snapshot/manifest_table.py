@@ -10,6 +10,9 @@ each (docs/snapshot-format.md, "Binary table (v3)").
 
 v4 is the same table with magic ``HLD\x04``, one more codec (``parts``) and, after the
 hashes, the parts of the tensors stored as parts (docs/snapshot-format.md, "Parts (v4)").
+v5 is v4 with magic ``HLD\x05`` and, after an Incremental's ``previousDigest``, its
+checkpoint: the Full's identity and the identity it is of (docs/snapshot-format.md,
+"Checkpoints (v5)").
 
 This module converts a manifest *document* (the camelCase dict the pydantic model
 dumps) to the table's bytes and back; it checks only what it must to read the bytes
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Final, NoReturn
 
-from hotload.api.formats import FORMAT_V3, FORMAT_V4
+from hotload.api.formats import FORMAT_V3, FORMAT_V4, FORMAT_V5
 from hotload.errors import ManifestInvalid
 from hotload.snapshot.dtypes import DTYPES
 from hotload.snapshot.limits import MAX_DIMS, MAX_FILES, MAX_PARTS, MAX_TENSORS
@@ -31,7 +34,10 @@ MAGIC: Final = b"HLD\x03"
 """First bytes of a v3 table (inside its zstd frame)."""
 MAGIC_V4: Final = b"HLD\x04"
 """First bytes of a v4 table: a v3 reader takes it for JSON text and refuses it."""
-MAGICS: Final = {MAGIC: FORMAT_V3, MAGIC_V4: FORMAT_V4}
+MAGIC_V5: Final = b"HLD\x05"
+"""First bytes of a v5 table (a v4 one naming a checkpoint)."""
+MAGICS: Final = {MAGIC: FORMAT_V3, MAGIC_V4: FORMAT_V4, MAGIC_V5: FORMAT_V5}
+_PARTED: Final = (FORMAT_V4, FORMAT_V5)
 
 KINDS: Final = ("Full", "Incremental", "LoRA")
 CODECS: Final = (
@@ -57,10 +63,11 @@ _MAX_STRING: Final = 1 << 20
 
 
 def dump_table(document: dict[str, Any]) -> bytes:
-    """The v3 (or, for format v4, v4) table of a validated manifest document (sha256
-    files, xxh3-128 tensors)."""
-    v4 = document.get("format") == FORMAT_V4
-    out = bytearray(MAGIC_V4 if v4 else MAGIC)
+    """The v3 (or, for format v4 or v5, v4 or v5) table of a validated manifest document
+    (sha256 files, xxh3-128 tensors)."""
+    version = str(document.get("format"))
+    v4 = version in _PARTED
+    out = bytearray({FORMAT_V4: MAGIC_V4, FORMAT_V5: MAGIC_V5}.get(version, MAGIC))
     writer = _Writer(out)
     writer.string(document["identity"])
     writer.varint(document["step"])
@@ -68,6 +75,9 @@ def dump_table(document: dict[str, Any]) -> bytes:
     if document["kind"] == "Incremental":
         writer.string(document["previous"])
         writer.hex(document["previousDigest"], _XXH3)
+        if version == FORMAT_V5:
+            writer.string(document["checkpoint"]["identity"])
+            writer.string(document["checkpoint"]["of"])
     writer.strings(document.get("ignoredConfigFields", []))
     for key in ("files", "deltas"):
         entries = document.get(key, [])
@@ -185,12 +195,12 @@ def _shared_prefix(a: bytes, b: bytes) -> int:
 
 
 def load_table(data: bytes) -> dict[str, Any]:
-    """The manifest document in the v3 or v4 table ``data`` (magic included), not yet
+    """The manifest document in the v3, v4 or v5 table ``data`` (magic included), not yet
     validated."""
     reader = _Reader(data)
     version = MAGICS.get(reader.take(len(MAGIC), "magic"))
     if version is None:
-        raise ManifestInvalid("not a v3 or v4 manifest table", found=data[:4].hex())
+        raise ManifestInvalid("not a v3, v4 or v5 manifest table", found=data[:4].hex())
     document: dict[str, Any] = {
         "format": version,
         "identity": reader.string("identity"),
@@ -202,6 +212,11 @@ def load_table(data: bytes) -> dict[str, Any]:
     if document["kind"] == "Incremental":
         document["previous"] = reader.string("previous")
         document["previousDigest"] = reader.hex(_XXH3, "previousDigest")
+        if version == FORMAT_V5:
+            document["checkpoint"] = {
+                "identity": reader.string("checkpoint.identity"),
+                "of": reader.string("checkpoint.of"),
+            }
     document["ignoredConfigFields"] = reader.strings("ignoredConfigFields", MAX_FILES)
     for key in ("files", "deltas"):
         document[key] = [
@@ -227,8 +242,8 @@ def load_table(data: bytes) -> dict[str, Any]:
         for index in range(reader.count("shards", MAX_FILES))
     ]
     document["removed"] = reader.strings("removed", MAX_TENSORS)
-    document["tensors"], ends = _load_tensors(reader, document, version == FORMAT_V4)
-    if version == FORMAT_V4:
+    document["tensors"], ends = _load_tensors(reader, document, version in _PARTED)
+    if version in _PARTED:
         _load_parts(reader, document, ends)
     if reader.remaining():
         raise ManifestInvalid("bytes follow the manifest table", extra=reader.remaining())

@@ -9,6 +9,14 @@ the target itself when it is a Full or LoRA (``full``); otherwise the chain repl
 from its last Full (``replay``). A chain that cannot be followed — a missing manifest, a
 cycle, a ``previous`` that is not older, names a LoRA, or whose tensors are not the ones
 the delta was made against — is :class:`~hotload.errors.ChainBroken`.
+
+A delta may name a *checkpoint* (format v5): a Full of the same weights as an older
+snapshot of its chain (``of``), published beside the chain. The first checkpoint the walk
+meets (the newest) is the chain's floor, as its last Full would be: a replica holding
+``of`` or a later snapshot of the chain applies the deltas; any other replays from the
+checkpoint, whose tensor-set digest must equal the ``previousDigest`` of the delta that
+applies to ``of`` (else the chain is broken: a checkpoint of other weights is never
+loaded). Nothing older than ``of`` is read, so it may be deleted.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from hotload.api import LoadPath, SnapshotKind
 from hotload.api.kinds import Identity
 from hotload.errors import ChainBroken
 from hotload.snapshot.digest import tensor_set_digest
-from hotload.snapshot.manifest import Manifest
+from hotload.snapshot.manifest import Manifest, ManifestCheckpoint
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,7 @@ def _walk(held: str | None, target: str, manifests: Mapping[str, Manifest]) -> U
     chain: list[Manifest] = []
     seen: set[str] = set()
     identity = target
+    floor: ManifestCheckpoint | None = None
     while True:
         if identity in seen:
             raise ChainBroken("the chain has a cycle", target=target, identity=identity)
@@ -78,10 +87,57 @@ def _walk(held: str | None, target: str, manifests: Mapping[str, Manifest]) -> U
         previous = manifest.previous
         if previous is None:  # the Manifest model already refuses this
             raise ChainBroken("an Incremental snapshot names no previous", identity=identity)
+        floor = floor or manifest.checkpoint
+        if floor is not None and previous == floor.of and previous != held:
+            return _from_checkpoint(floor, chain, manifests)
         before = manifests.get(previous)
         if before is not None:
             _check_link(manifest, before)
         identity = previous
+
+
+def _from_checkpoint(
+    checkpoint: ManifestCheckpoint,
+    chain: list[Manifest],
+    manifests: Mapping[str, Manifest],
+) -> UpdatePlan:
+    """The plan through ``checkpoint``: ``chain`` (newest first) ends with the delta that
+    applies to ``checkpoint.of``."""
+    full = manifests.get(checkpoint.identity)
+    if full is None:
+        raise _Missing(checkpoint.identity)
+    after = chain[-1]
+    if full.identity != checkpoint.identity:
+        raise ChainBroken(
+            "a manifest names another identity",
+            expected=checkpoint.identity,
+            found=full.identity,
+        )
+    if full.kind is not SnapshotKind.FULL:
+        raise ChainBroken(
+            "a checkpoint is not a Full snapshot",
+            checkpoint=checkpoint.identity,
+            kind=full.kind.value,
+        )
+    if full.step >= after.step:
+        raise ChainBroken(
+            "a checkpoint is not older than the delta after the snapshot it is of",
+            checkpoint=checkpoint.identity,
+            step=full.step,
+            delta=after.identity,
+            delta_step=after.step,
+        )
+    if manifest_digest(full) != after.previous_digest:
+        raise ChainBroken(
+            "a checkpoint holds other weights than the snapshot it is of",
+            checkpoint=checkpoint.identity,
+            of=checkpoint.of,
+            delta=after.identity,
+        )
+    steps = (checkpoint.identity, *(m.identity for m in reversed(chain)))
+    return UpdatePlan(
+        LoadPath.REPLAY, steps, full.stored_bytes() + sum(m.stored_bytes() for m in chain)
+    )
 
 
 def _check_link(delta: Manifest, before: Manifest) -> None:

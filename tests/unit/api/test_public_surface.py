@@ -12,6 +12,7 @@ import hotload.api
 def test_public_names_are_pinned() -> None:
     assert sorted(hotload.api.__all__) == [
         "API_VERSION",
+        "CheckpointRef",
         "Condition",
         "ConditionStatus",
         "DeploymentRef",

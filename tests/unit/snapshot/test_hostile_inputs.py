@@ -330,9 +330,9 @@ def test_unknown_codec_id_is_manifest_invalid(chain: Chain) -> None:
 
 
 def test_unknown_format_version_is_manifest_invalid(chain: Chain) -> None:
-    tampering.resign(chain.snapshot, lambda d: d.update(format="hotload-delta/v5"))
+    tampering.resign(chain.snapshot, lambda d: d.update(format="hotload-delta/v6"))
     error = rebuild_fails(chain, ManifestInvalid)
-    assert error.context["found"] == "hotload-delta/v5"
+    assert error.context["found"] == "hotload-delta/v6"
 
 
 def test_dtype_or_shape_mismatch_with_the_previous_tensor_is_decode_failed(chain: Chain) -> None:

@@ -8,6 +8,7 @@ from hotload.api import LoadPath, SnapshotKind
 from hotload.errors import ChainBroken, NotFound
 from hotload.snapshot import (
     Manifest,
+    ManifestCheckpoint,
     StoredFile,
     TensorEntry,
     manifest_digest,
@@ -182,3 +183,106 @@ def test_loader_errors_pass_through_unchanged() -> None:
 
     with pytest.raises(NotFound):
         plan_update_with(None, "d4", load)
+
+
+# --- checkpoints (v5): a Full of a chain member's weights, published beside the chain ---
+
+
+def rebuilt_full(of: Manifest, identity: str, size: int = 900) -> Manifest:
+    """A Full holding exactly the rebuilt tensors of ``of`` (what the publisher uploads)."""
+    return full(identity, of.step, size).model_copy(update={"tensors": of.tensors})
+
+
+def naming(manifest: Manifest, checkpoint: str, of: str) -> Manifest:
+    """``manifest`` (a delta) naming the checkpoint ``checkpoint`` of ``of``."""
+    return Manifest.model_validate(
+        {
+            **manifest.model_dump(),
+            "format": "hotload-delta/v5",
+            "checkpoint": ManifestCheckpoint(identity=checkpoint, of=of),
+        }
+    )
+
+
+C3 = rebuilt_full(D3, "c3")
+D5 = naming(delta("d5", 5, D4), "c3", "d3")
+D6 = delta("d6", 6, D5)
+WITH_CHECKPOINT = {m.identity: m for m in (F1, D2, D3, D4, D5, D6, C3)}
+
+
+@pytest.mark.parametrize(
+    ("held", "target", "via", "apply", "fetch"),
+    [
+        # Holding the checkpoint's snapshot or later: the deltas, as before.
+        ("d5", "d6", LoadPath.DELTA, ("d6",), 10),
+        ("d4", "d6", LoadPath.DELTA, ("d5", "d6"), 20),
+        ("d3", "d6", LoadPath.DELTA, ("d4", "d5", "d6"), 30),
+        # Nothing, something else, or the chain before the checkpoint: from the checkpoint.
+        (None, "d6", LoadPath.REPLAY, ("c3", "d4", "d5", "d6"), 930),
+        ("elsewhere", "d5", LoadPath.REPLAY, ("c3", "d4", "d5"), 920),
+        ("d2", "d6", LoadPath.REPLAY, ("c3", "d4", "d5", "d6"), 930),
+        ("f1", "d6", LoadPath.REPLAY, ("c3", "d4", "d5", "d6"), 930),
+        # A target before the delta that names the checkpoint: the old floor.
+        (None, "d4", LoadPath.REPLAY, ("f1", "d2", "d3", "d4"), 1030),
+    ],
+)
+def test_the_newest_checkpoint_is_the_chains_floor(
+    held: str | None, target: str, via: LoadPath, apply: tuple[str, ...], fetch: int
+) -> None:
+    plan = plan_update(held, target, WITH_CHECKPOINT)
+    assert (plan.via, plan.apply, plan.fetch_bytes) == (via, apply, fetch)
+
+
+def test_nothing_older_than_the_checkpoints_snapshot_is_read() -> None:
+    """What gc and retention may delete: the chain before ``of``, and ``of`` itself."""
+    loaded: list[str] = []
+
+    def load(identity: str) -> Manifest:
+        loaded.append(identity)
+        return WITH_CHECKPOINT[identity]
+
+    plan = plan_update_with(None, "d6", load)
+    assert plan.apply == ("c3", "d4", "d5", "d6")
+    assert loaded == ["d6", "d5", "d4", "c3"]
+
+
+def test_a_checkpoint_of_other_weights_is_chain_broken() -> None:
+    other = rebuilt_full(D2, "c3")  # D2's weights, named as D3's
+    with pytest.raises(ChainBroken, match="other weights") as caught:
+        plan_update(None, "d6", {**WITH_CHECKPOINT, "c3": other})
+    assert caught.value.context["checkpoint"] == "c3"
+
+
+def test_a_checkpoint_that_is_not_a_full_is_chain_broken() -> None:
+    lora = rebuilt_full(D3, "c3").model_copy(update={"kind": SnapshotKind.LORA})
+    with pytest.raises(ChainBroken, match="not a Full"):
+        plan_update(None, "d6", {**WITH_CHECKPOINT, "c3": lora})
+
+
+def test_a_checkpoint_not_older_than_the_delta_after_it_is_chain_broken() -> None:
+    late = rebuilt_full(D3, "c3").model_copy(update={"step": 4})
+    with pytest.raises(ChainBroken, match="not older"):
+        plan_update(None, "d6", {**WITH_CHECKPOINT, "c3": late})
+
+
+def test_a_checkpoint_under_another_name_is_chain_broken() -> None:
+    with pytest.raises(ChainBroken, match="another identity"):
+        plan_update(None, "d6", {**WITH_CHECKPOINT, "c3": rebuilt_full(D3, "c9")})
+
+
+def test_a_missing_checkpoint_is_asked_for_not_walked_around() -> None:
+    """Its manifest may still be on its way (replication): the walk waits for it rather
+    than reading the chain it replaces."""
+    known = {m: WITH_CHECKPOINT[m] for m in ("d6", "d5", "d4")}
+    assert next_manifest_needed(None, "d6", known) == "c3"
+    with pytest.raises(ChainBroken) as caught:
+        plan_update(None, "d6", known)
+    assert caught.value.context["missing"] == "c3"
+
+
+def test_the_newest_checkpoint_wins() -> None:
+    c4 = rebuilt_full(D4, "c4")
+    d7 = naming(delta("d7", 7, D6), "c4", "d4")
+    manifests = {**WITH_CHECKPOINT, "c4": c4, "d7": d7}
+    plan = plan_update(None, "d7", manifests)
+    assert plan.apply == ("c4", "d5", "d6", "d7")
