@@ -154,6 +154,27 @@ POLICY_SNAPSHOT = CrdDefinition(
             "incremental.previousIdentity must name another snapshot, not this one",
             field_path=".incremental.previousIdentity",
         ),
+        Rule(
+            "!has(self.incremental) || !has(self.incremental.checkpoint)"
+            " || self.incremental.checkpoint.identity != self.identity",
+            "incremental.checkpoint.identity names the checkpoint (a Full in the bucket), "
+            "not this snapshot",
+            field_path=".incremental.checkpoint.identity",
+        ),
+        Rule(
+            "!has(self.incremental) || !has(self.incremental.checkpoint)"
+            " || self.incremental.checkpoint.of != self.identity",
+            "incremental.checkpoint.of must name an earlier snapshot of this delta's chain, "
+            "not this one",
+            field_path=".incremental.checkpoint.of",
+        ),
+        Rule(
+            "!has(self.incremental) || !has(self.incremental.checkpoint)"
+            " || self.incremental.checkpoint.identity != self.incremental.checkpoint.of",
+            "incremental.checkpoint.identity (the Full) and incremental.checkpoint.of (the "
+            "snapshot whose weights it holds) are two snapshots",
+            field_path=".incremental.checkpoint.of",
+        ),
     ),
 )
 

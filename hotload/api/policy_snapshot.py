@@ -93,6 +93,19 @@ class PolicySnapshotSpec(ApiModel):
             raise ValueError(
                 "incremental.previousIdentity must name another snapshot, not this one"
             )
+        checkpoint = self.incremental.checkpoint if self.incremental is not None else None
+        # The same three rules as the CRD's CEL (hotload.api.crd), so that what the API
+        # server admits the models read, and what they read the server admits.
+        if checkpoint is not None and self.identity in (checkpoint.identity, checkpoint.of):
+            raise ValueError(
+                "incremental.checkpoint names the checkpoint and an earlier snapshot of this "
+                "delta's chain, not this one"
+            )
+        if checkpoint is not None and checkpoint.identity == checkpoint.of:
+            raise ValueError(
+                "incremental.checkpoint.identity (the Full) and incremental.checkpoint.of "
+                "(the snapshot whose weights it holds) are two snapshots"
+            )
         return self
 
     def ref(self, default_policy: KvCachePolicy) -> SnapshotRef:
