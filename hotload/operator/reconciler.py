@@ -66,7 +66,7 @@ from hotload.operator.plan import (
     recorded_ref,
 )
 from hotload.operator.pods import PodReport, pod_report
-from hotload.operator.rollout import ChainVerdict, SnapshotInfo
+from hotload.operator.rollout import ChainVerdict, Checkpoint, SnapshotInfo
 from hotload.operator.snapshot_status import ObservedSnapshot
 from hotload.operator.switch import switch_facts
 from hotload.operator.workload import label_selector, render_workload
@@ -92,6 +92,13 @@ class ReconcileTiming:
     """Backoff after a failed reconcile (the project's one policy: 0.5 s doubling to 30 s)."""
     conflicts_before_backoff: int = 3
     """Conflicting writes (409) planned again at once before the backoff applies."""
+
+
+def _checkpoint(incremental: IncrementalSpec | None) -> Checkpoint | None:
+    """The checkpoint a delta's spec names, for retention (None: none named)."""
+    if incremental is None or incremental.checkpoint is None:
+        return None
+    return Checkpoint(incremental.checkpoint.identity, incremental.checkpoint.of)
 
 
 def observed_snapshot(body: Mapping[str, Any]) -> ObservedSnapshot | None:
@@ -129,6 +136,7 @@ def observed_snapshot(body: Mapping[str, Any]) -> ObservedSnapshot | None:
         kv_cache_policy=spec.kv_cache_policy,
         recorded=verdict,
         digest=spec.digest,
+        checkpoint=_checkpoint(incremental),
         deleting=metadata.get("deletionTimestamp") is not None,
         switch=switch_facts(metadata.get("annotations") or {}),
     )

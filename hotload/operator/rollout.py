@@ -46,6 +46,17 @@ SUPPORTED_CHECKSUM_FORMATS: Final = frozenset(h.value for h in FileHash)
 
 
 @dataclass(frozen=True)
+class Checkpoint:
+    """A delta's ``spec.incremental.checkpoint``: the Full ``identity`` (in the bucket only,
+    no PolicySnapshot) holds the weights of ``of``, a snapshot of the delta's chain. Who
+    holds nothing of the chain after ``of`` loads it and the deltas after ``of``, so
+    retention keeps nothing of the chain older than ``of``."""
+
+    identity: Identity
+    of: Identity
+
+
+@dataclass(frozen=True)
 class SnapshotInfo:
     """What the planners need of one PolicySnapshot (spec, plus its recorded verdict)."""
 
@@ -61,6 +72,8 @@ class SnapshotInfo:
     """The ``ChainValid`` condition its status carries now (None when it has none)."""
     digest: str | None = None
     """The rebuilt weights' digest its spec declares (``spec.digest``), when it does."""
+    checkpoint: Checkpoint | None = None
+    """The checkpoint its spec names (``spec.incremental.checkpoint``), deltas only."""
     deleting: bool = False
     """Its deletion was asked for (it is held while the target or served): never a new
     target."""

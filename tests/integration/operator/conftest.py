@@ -131,6 +131,11 @@ class Rollout:
         self.apply(snapshot.policy_snapshot(self.name))
         return snapshot
 
+    def checkpoint(self) -> tuple[str, str]:
+        """A checkpoint of the last published snapshot, in the bucket only; later deltas
+        name it: (its identity, the snapshot it is of)."""
+        return asyncio.run(self.chain.checkpoint())
+
     def get(self, kind: str, name: str) -> dict[str, Any]:
         body: dict[str, Any] = json.loads(self.run("get", kind, name, "-o", "json"))
         return body

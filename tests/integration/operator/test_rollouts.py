@@ -169,6 +169,33 @@ def test_retention_keeps_exactly_what_a_replica_may_still_need(rollout: Rollout)
     assert len(retired) == 3
 
 
+def test_retention_keeps_nothing_older_than_the_checkpoint_the_chain_names(
+    rollout: Rollout,
+) -> None:
+    """Would catch: the API server pruning ``incremental.checkpoint`` (a CRD without it),
+    retention still keeping the chain back to its Full once a checkpoint is named (with
+    checkpoints beside the chain no new Full comes, so objects would pile up for ever), and
+    deleting the checkpoint's ``of`` (a replica at it goes on by deltas from there)."""
+    rollout.create(replicas=1, keep=1)
+    before = [rollout.publish(0, full=True), rollout.publish(1), rollout.publish(2)]
+    rollout.wait_ready(before[-1].identity)
+    checkpoint, of = rollout.checkpoint()  # a Full of step 2's weights, in the bucket only
+    assert of == before[-1].identity
+    after = [rollout.publish(3), rollout.publish(4)]
+    named = rollout.snapshot(after[-1].identity)["spec"]["incremental"]["checkpoint"]
+    assert named == {"identity": checkpoint, "of": of}
+    rollout.wait_ready(after[-1].identity)
+    rollout.wait_for(
+        "the links older than the checkpoint's snapshot deleted, the rest kept",
+        lambda: (
+            set(rollout.run("get", "psnap", "-o", "name").split())
+            == {f"policysnapshot.hotload.dev/{s.identity}" for s in (before[-1], *after)}
+        ),
+    )
+    retired = [e for e in rollout.events(rollout.name) if e["reason"] == "SnapshotRetired"]
+    assert len(retired) == 2
+
+
 def test_another_writer_is_repaired(rollout: Rollout) -> None:
     """Would catch: an operator that only reacts to its own transitions (edge-triggered)."""
     rollout.create(replicas=2)

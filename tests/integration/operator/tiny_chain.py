@@ -32,6 +32,9 @@ class TinySnapshot:
     digest: str | None = None
     """The rebuilt weights' tensor-set digest, declared in the PolicySnapshot's spec (as the
     publisher declares it)."""
+    checkpoint: tuple[str, str] | None = None
+    """Deltas only: the checkpoint its spec names, (the Full's identity, the snapshot it
+    is of)."""
 
     def policy_snapshot(self, deployment: str) -> dict[str, Any]:
         """The PolicySnapshot a trainer applies for it."""
@@ -43,6 +46,9 @@ class TinySnapshot:
         }
         if self.previous is not None:
             spec["incremental"] = {"previousIdentity": self.previous}
+            if self.checkpoint is not None:
+                identity, of = self.checkpoint
+                spec["incremental"]["checkpoint"] = {"identity": identity, "of": of}
         if self.digest is not None:
             spec["digest"] = self.digest
         return {
@@ -63,6 +69,7 @@ class TinyChain:
         self._rng = np.random.default_rng(7)
         self._weights = self._rng.standard_normal((32, 32)).astype(np.float32)
         self._last: tuple[TinySnapshot, Path] | None = None
+        self._checkpoint: tuple[str, str] | None = None
 
     def _save(self, step: int) -> Path:
         model = self.workdir / f"{self.name}-model-{step:05d}"
@@ -95,12 +102,36 @@ class TinyChain:
         finally:
             await storage.aclose()
         files = tuple(sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()))
+        if previous is None:
+            self._checkpoint = None  # a new chain: the old one's checkpoint is not of it
         snapshot = TinySnapshot(
             identity, step, kind, previous[0].identity if previous else None, files,
             manifest_digest(read_manifest(out)),
+            self._checkpoint if previous is not None else None,
         )  # fmt: skip
         self._last = (snapshot, model)
         return snapshot
+
+    async def checkpoint(self) -> tuple[str, str]:
+        """Publish beside the chain a Full of the last snapshot's weights (in the bucket
+        only, no PolicySnapshot, as the publisher does) and name it in every later delta's
+        spec: (the checkpoint's identity, the snapshot it is of).
+
+        The deltas' manifests do not name it (they are written by the format's encoder as
+        it is); the operator reads the spec."""
+        if self._last is None:
+            raise ValueError("a checkpoint is of a published snapshot: publish one first")
+        of, model = self._last
+        identity = f"{self.name}-s{of.step:05d}-full"
+        out = self.workdir / f"{identity}-encoded"
+        encode(None, model, out, identity=identity, step=of.step)
+        storage = open_storage(f"file://{self.bucket_dir}")
+        try:
+            await publish_snapshot(storage, out, identity)
+        finally:
+            await storage.aclose()
+        self._checkpoint = (identity, of.identity)
+        return self._checkpoint
 
     def corrupt(self, snapshot: TinySnapshot) -> Path:
         """Flip a byte in one of the snapshot's stored files in the bucket (not its manifest)."""

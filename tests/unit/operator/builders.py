@@ -16,7 +16,7 @@ from hotload.api import (
 from hotload.operator.ledger import parse_ledger
 from hotload.operator.plan import Observation, ObservedDeployment
 from hotload.operator.pods import PodReport
-from hotload.operator.rollout import ChainVerdict, SnapshotInfo
+from hotload.operator.rollout import ChainVerdict, Checkpoint, SnapshotInfo
 from hotload.operator.snapshot_status import ObservedSnapshot
 
 T0 = datetime(2026, 11, 23, 10, 0, 0, tzinfo=UTC)
@@ -39,6 +39,11 @@ def delta(
     return SnapshotInfo(
         identity, deployment, step, SnapshotKind.INCREMENTAL, previous=previous, **kw
     )
+
+
+def ckpt(of: str) -> Checkpoint:
+    """The checkpoint of ``of`` a delta names (a Full in the bucket, no PolicySnapshot)."""
+    return Checkpoint(f"{of}-full", of)
 
 
 def valid() -> ChainVerdict:

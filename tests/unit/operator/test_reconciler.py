@@ -104,7 +104,7 @@ def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def deployment_body(replicas: int = 2) -> dict[str, Any]:
+def deployment_body(replicas: int = 2, keep: int = 10) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
         "kind": "RolloutDeployment",
@@ -115,11 +115,14 @@ def deployment_body(replicas: int = 2) -> dict[str, Any]:
             "engine": {"kind": "noop"},
             "replicas": replicas,
             "hotLoad": {"bucketUrl": "file:///tmp/b"},
+            "retention": {"keepSnapshots": keep},
         },
     }  # fmt: skip
 
 
-def snapshot_body(name: str, step: int, previous: str | None = None) -> dict[str, Any]:
+def snapshot_body(
+    name: str, step: int, previous: str | None = None, checkpoint_of: str | None = None
+) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "deploymentRef": {"name": "demo"},
         "identity": name,
@@ -128,6 +131,9 @@ def snapshot_body(name: str, step: int, previous: str | None = None) -> dict[str
     }
     if previous:
         spec["incremental"] = {"previousIdentity": previous}
+    if checkpoint_of:
+        spec["incremental"]["checkpoint"] = {"identity": f"{checkpoint_of}-full",
+                                             "of": checkpoint_of}  # fmt: skip
     return {
         "metadata": {"name": name, "namespace": "ns", "uid": f"u-{name}", "generation": 1,
                      "resourceVersion": "2", "creationTimestamp": "2026-11-23T10:00:00Z"},
@@ -348,3 +354,21 @@ async def test_a_write_that_meets_a_newer_object_is_refused_and_planned_again() 
     assert executor.snapshots["s0"]["status"]["replicas"]["demo-1"]["state"] == "Failed"
     # Announced before the refused write, and not again when the same plan is retried.
     assert executor.calls.count(("event", "ReplicaFailed")) == 1
+
+
+async def test_retention_reads_the_checkpoint_from_the_spec_and_keeps_nothing_older() -> None:
+    """Would catch: the checkpoint not read from ``spec.incremental.checkpoint`` into what
+    retention plans with (the old chain kept forever), or read as the floor's successor
+    (``of`` deleted while a replica may still need it to go on by deltas)."""
+    chain = [snapshot_body("s0", 0), snapshot_body("s1", 1, "s0"), snapshot_body("s2", 2, "s1"),
+             snapshot_body("s3", 3, "s2", checkpoint_of="s1")]  # fmt: skip
+    executor = RecordingExecutor(deployment_body(keep=1), chain)
+    loop = reconciler(executor)
+    executor.pods = [pod_body(i, 10 + i, snapshot="s3", target="s3", state="Ready")
+                     for i in range(2)]  # fmt: skip
+    loop.on_pod_list(executor.pods, str(executor.version))
+    await loop._seed()
+    await loop.reconcile()
+    assert executor.deployment["status"]["targetSnapshot"]["identity"] == "s3"
+    assert [c for c in executor.calls if c[0] == "delete"] == [("delete", "s0")]
+    assert sorted(executor.snapshots) == ["s1", "s2", "s3"]
