@@ -72,4 +72,9 @@ def gc_command(
             f"{bucket.bucket_url} ({', '.join(bucket.contexts)}): {verb} "
             f"{len(bucket.deleted)} snapshots, {bucket.deleted_bytes:,} bytes"
             + (f"; {len(bucket.kept_young)} too young to go" if bucket.kept_young else "")
+            + (
+                f"; kept {len(bucket.kept_recent_fulls)} recent Fulls (checkpoints perhaps)"
+                if bucket.kept_recent_fulls
+                else ""
+            )
         )

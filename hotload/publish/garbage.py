@@ -7,6 +7,24 @@ region, of the retained snapshots of the deployment and their chains back to a F
 (followed through the PolicySnapshots, else through the manifests in the bucket). A region
 that does not answer could need anything: then nothing is deleted (:class:`GcRefused`).
 
+Checkpoints. A delta may name a checkpoint (``spec.incremental.checkpoint`` on its
+PolicySnapshot, ``checkpoint`` in its manifest): a Full of the same weights as a chain
+member ``of``, published beside the chain, with no PolicySnapshot of its own. Walking a
+chain back from a retained snapshot, the first checkpoint met (the newest) is needed, and
+the walk keeps ``of`` and stops there, as the operator's retention and the sidecar's planner
+do: whoever holds nothing of the chain after ``of`` loads the checkpoint and the deltas
+after ``of``, so nothing older is needed by anyone following that snapshot. Each retained
+snapshot is walked on its own: a lagging region's target that names no checkpoint still
+needs its whole chain, even where another region's walk stopped short of it.
+
+A checkpoint just completed is named by no delta yet (the publisher names it in the deltas
+it publishes once the checkpoint is complete in every region), and it may stay unnamed for
+longer than ``min_age`` while training pauses. So a ``<prefix>-step-<n>-full`` prefix is
+kept whenever ``n`` is at least the step of the newest complete snapshot needed (a Full or
+a checkpoint named ``<prefix>-step-<m>-full``, ``n >= m``): a Full that new can only be the
+next checkpoint, or a Full a new chain starts from. While no complete snapshot named so is
+needed at all, every ``…-full`` prefix is kept (nothing says which one is old).
+
 Only prefixes named like the publisher's identities (``<prefix>-step-…``) are candidates,
 and only once older than ``min_age`` (a publish in flight has uploaded files that no
 PolicySnapshot names yet). Every distinct regional bucket is cleaned, so copies made by
@@ -17,14 +35,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from hotload.api import PolicySnapshot
+from hotload.api import CheckpointRef, PolicySnapshot
 from hotload.errors import GcRefused, HotloadError
 from hotload.publish.buckets import BucketOpener, open_region_bucket
 from hotload.publish.region_client import RegionBucket
@@ -58,6 +76,9 @@ class BucketGc(ResultModel):
     deleted_bytes: int
     kept_young: list[str]
     """Unneeded, but younger than ``min_age``: left for a later run."""
+    kept_recent_fulls: list[str]
+    """Named by no retained snapshot, but Fulls (``…-step-<n>-full``) at or after the
+    newest complete snapshot needed: perhaps a checkpoint no delta names yet."""
 
 
 class GcResult(ResultModel):
@@ -82,12 +103,20 @@ class _Prefix:
         return max(stamps) if stamps else None
 
 
-def retained_snapshots(
-    items: Iterable[Mapping[str, Any]], deployment: str
-) -> dict[str, str | None]:
-    """Identity → previous identity (None for complete snapshots) of ``deployment``'s
-    PolicySnapshots among ``items`` (raw objects; malformed ones are skipped)."""
-    found: dict[str, str | None] = {}
+@dataclass(frozen=True)
+class Link:
+    """What gc follows of one snapshot's chain (from its PolicySnapshot or its manifest)."""
+
+    previous: str | None = None
+    """The snapshot it applies to; None for a complete one (Full, LoRA): a chain's start."""
+    checkpoint: CheckpointRef | None = None
+    """The checkpoint it names (deltas only): the newest of its chain."""
+
+
+def retained_snapshots(items: Iterable[Mapping[str, Any]], deployment: str) -> dict[str, Link]:
+    """Identity → chain link of ``deployment``'s PolicySnapshots among ``items`` (raw
+    objects; malformed ones are skipped)."""
+    found: dict[str, Link] = {}
     for raw in items:
         try:
             snapshot = PolicySnapshot.model_validate(raw)
@@ -96,7 +125,12 @@ def retained_snapshots(
         spec = snapshot.spec
         if spec.deployment_ref.name != deployment:
             continue
-        found[spec.identity] = spec.incremental.previous_identity if spec.incremental else None
+        incremental = spec.incremental
+        found[spec.identity] = (
+            Link(incremental.previous_identity, incremental.checkpoint)
+            if incremental is not None
+            else Link()
+        )
     return found
 
 
@@ -110,8 +144,9 @@ def group_prefixes(objects: Iterable[ObjectInfo], prefix: str) -> list[_Prefix]:
     return [_Prefix(name, tuple(items)) for name, items in sorted(by_identity.items())]
 
 
-async def _previous_from_bucket(storages: Iterable[Storage], identity: str) -> str | None:
-    """A snapshot's previous identity, read from its manifest in the first bucket that has it."""
+async def _link_from_bucket(storages: Iterable[Storage], identity: str) -> Link | None:
+    """A snapshot's link, read from its manifest in the first bucket that has it (None:
+    no bucket has a readable one)."""
     for storage in storages:
         try:
             manifest = parse_manifest(
@@ -119,25 +154,69 @@ async def _previous_from_bucket(storages: Iterable[Storage], identity: str) -> s
             )
         except HotloadError:
             continue
-        return manifest.previous
+        # TODO(checkpoint format): ``manifest.checkpoint`` once Manifest.checkpoint is on main.
+        named = getattr(manifest, "checkpoint", None)
+        checkpoint = (
+            CheckpointRef(identity=named.identity, of=named.of) if named is not None else None
+        )
+        return Link(manifest.previous, checkpoint)
     return None
 
 
-async def needed_identities(
-    retained: Mapping[str, str | None], storages: Iterable[Storage]
-) -> set[str]:
-    """The retained snapshots and every link of their chains back to a complete one."""
-    needed: set[str] = set()
+async def _chain(identity: str, link_of: Callable[[str], Awaitable[Link | None]]) -> set[str]:
+    """``identity``, its links back to a complete snapshot or to the ``of`` of the first
+    checkpoint met on the way (whichever comes first), and that checkpoint."""
+    chain: set[str] = set()
+    floor: str | None = None
+    current: str | None = identity
+    while current is not None and current not in chain:
+        chain.add(current)
+        if current == floor:
+            break
+        link = await link_of(current)
+        if link is None:
+            break
+        if floor is None and link.checkpoint is not None:
+            floor = link.checkpoint.of
+            chain.add(link.checkpoint.identity)
+        current = link.previous
+    return chain
+
+
+async def needed_identities(retained: Mapping[str, Link], storages: Iterable[Storage]) -> set[str]:
+    """The retained snapshots, every link of their chains back to a complete one or to
+    their newest checkpoint's ``of``, and those checkpoints."""
     buckets = list(storages)
+    read: dict[str, Link | None] = {}
+
+    async def link_of(identity: str) -> Link | None:
+        if identity in retained:
+            return retained[identity]
+        if identity not in read:  # each manifest read once, however many chains cross it
+            read[identity] = await _link_from_bucket(buckets, identity)
+        return read[identity]
+
+    needed: set[str] = set()
     for identity in retained:
-        current: str | None = identity
-        while current is not None and current not in needed:
-            needed.add(current)
-            if current in retained:
-                current = retained[current]
-            else:
-                current = await _previous_from_bucket(buckets, current)
+        needed |= await _chain(identity, link_of)
     return needed
+
+
+def full_step(identity: str, prefix: str) -> int | None:
+    """``n`` of a ``<prefix>-step-<n>-full`` identity (a Full or a checkpoint, as the
+    publisher names them); None for any other name."""
+    head, tail = f"{prefix}-step-", "-full"
+    if not (identity.startswith(head) and identity.endswith(tail)):
+        return None
+    digits = identity[len(head) : len(identity) - len(tail)]
+    return int(digits) if digits.isascii() and digits.isdigit() else None
+
+
+def newest_full_step(needed: Iterable[str], prefix: str) -> int | None:
+    """The step of the newest complete snapshot needed that is named like the publisher's
+    Fulls and checkpoints; a ``…-full`` prefix at or after it is never deleted."""
+    steps = [step for step in (full_step(i, prefix) for i in needed) if step is not None]
+    return max(steps, default=None)
 
 
 async def collect_garbage(
@@ -154,7 +233,7 @@ async def collect_garbage(
     moment = now or datetime.now(UTC)
     overrides = endpoints or {}
     buckets: dict[str, RegionBucket] = {}
-    retained: dict[str, str | None] = {}
+    retained: dict[str, Link] = {}
     unreachable: dict[str, str] = {}
     for context, client in clients.items():
         try:
@@ -177,10 +256,12 @@ async def collect_garbage(
         readers.setdefault(bucket.key, []).append(context)
     try:
         needed = await needed_identities(retained, storages.values())
+        floor = newest_full_step(needed, prefix)
         results = []
         for key, storage in storages.items():
+            cutoff = moment - min_age
             results.append(
-                await _clean(storage, key, readers[key], needed, prefix, moment - min_age, dry_run)
+                await _clean(storage, key, readers[key], needed, prefix, floor, cutoff, dry_run)
             )
     finally:
         for storage in storages.values():
@@ -194,14 +275,20 @@ async def _clean(
     contexts: list[str],
     needed: set[str],
     prefix: str,
+    floor: int | None,
     cutoff: datetime,
     dry_run: bool,
 ) -> BucketGc:
     deleted: list[str] = []
     young: list[str] = []
+    recent_fulls: list[str] = []
     deleted_bytes = 0
     for group in group_prefixes(await storage.list(), prefix):
         if group.identity in needed:
+            continue
+        step = full_step(group.identity, prefix)
+        if step is not None and (floor is None or step >= floor):
+            recent_fulls.append(group.identity)
             continue
         newest = group.newest
         if newest is not None and newest.astimezone(UTC) > cutoff:
@@ -225,4 +312,5 @@ async def _clean(
         deleted=deleted,
         deleted_bytes=deleted_bytes,
         kept_young=young,
+        kept_recent_fulls=recent_fulls,
     )

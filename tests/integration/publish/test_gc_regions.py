@@ -28,7 +28,15 @@ from hotload.publish.garbage import collect_garbage
 from hotload.publish.region_client import RegionClient
 from tests.fixtures.apiserver_outage import apiserver_down
 
-from ...unit.publish.test_garbage import CHAIN, make_old, prefixes, psnap, publish_chain
+from ...unit.publish.test_garbage import (
+    CHAIN,
+    CHECKPOINTED,
+    CHECKPOINTS,
+    make_old,
+    prefixes,
+    psnap,
+    publish_chain,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -39,6 +47,16 @@ def _apply(api: k8s.ApiClient, namespace: str, plural: str, body: dict[str, Any]
     k8s.CustomObjectsApi(api).create_namespaced_custom_object(
         GROUP, VERSION, namespace, plural, body
     )
+
+
+def _create_deployment(api: k8s.ApiClient, namespace: str, bucket: Path) -> None:
+    _apply(api, namespace, DEPLOYMENTS, {
+        "apiVersion": API_VERSION, "kind": DEPLOYMENT_KIND, "metadata": {"name": DEPLOYMENT},
+        "spec": {
+            "model": {"name": "tiny", "servedName": "policy"}, "engine": {"kind": "noop"},
+            "replicas": 0, "hotLoad": {"bucketUrl": f"file://{bucket}"},
+        },
+    })  # fmt: skip
 
 
 def test_gc_keeps_what_real_regions_retain_and_deletes_nothing_while_one_is_down(
@@ -59,13 +77,7 @@ def test_gc_keeps_what_real_regions_retain_and_deletes_nothing_while_one_is_down
     }
     for name, snapshots in retained.items():
         api = kube_clients[name]
-        _apply(api, namespace, DEPLOYMENTS, {
-            "apiVersion": API_VERSION, "kind": DEPLOYMENT_KIND, "metadata": {"name": DEPLOYMENT},
-            "spec": {
-                "model": {"name": "tiny", "servedName": "policy"}, "engine": {"kind": "noop"},
-                "replicas": 0, "hotLoad": {"bucketUrl": f"file://{bucket}"},
-            },
-        })  # fmt: skip
+        _create_deployment(api, namespace, bucket)
         for body in snapshots:
             _apply(api, namespace, SNAPSHOTS, {"apiVersion": API_VERSION, "kind": SNAPSHOT_KIND,
                                                **body})  # fmt: skip
@@ -85,3 +97,44 @@ def test_gc_keeps_what_real_regions_retain_and_deletes_nothing_while_one_is_down
     assert sorted(gc.deleted) == ["run-step-3"]
     assert prefixes(bucket) == everything - {"run-step-3"}
     assert gc.contexts == sorted(retained)
+
+
+def test_gc_stops_each_chain_at_the_checkpoint_the_regions_deltas_name(
+    tmp_path: Path,
+    local_regions: LocalRegions,
+    kube_clients: dict[str, k8s.ApiClient],
+    namespace: str,
+) -> None:
+    """Would catch: ``incremental.checkpoint`` lost on its way through a real API server
+    (pruned by a CRD without it: every chain would be walked back to its Full and nothing
+    older than the checkpoint would ever go), and gc deleting the checkpoint it names or
+    one completed but not named yet."""
+    bucket = tmp_path / "bucket"
+    publish_chain(tmp_path, bucket, CHECKPOINTED, CHECKPOINTS)
+    make_old(bucket)
+    first, second = local_regions.regions[0], local_regions.regions[1]
+    retained = {
+        first.name: [psnap("run-step-3", "run-step-2", checkpoint_of="run-step-2"),
+                     psnap("run-step-4", "run-step-3", checkpoint_of="run-step-2")],
+        second.name: [psnap("run-step-4", "run-step-3", checkpoint_of="run-step-2")],
+    }  # fmt: skip
+    for name, snapshots in retained.items():
+        _create_deployment(kube_clients[name], namespace, bucket)
+        for body in snapshots:
+            _apply(kube_clients[name], namespace, SNAPSHOTS,
+                   {"apiVersion": API_VERSION, "kind": SNAPSHOT_KIND, **body})  # fmt: skip
+    clients = {
+        name: RegionClient(name, local_regions.kubeconfig, namespace, DEPLOYMENT)
+        for name in retained
+    }
+    try:
+        result = asyncio.run(collect_garbage(clients, prefix="run"))
+    finally:
+        for client in clients.values():
+            client.close()
+
+    assert result.needed == ["run-step-2", "run-step-2-full", "run-step-3", "run-step-4"]
+    (gc,) = result.buckets
+    assert sorted(gc.deleted) == ["run-step-0-full", "run-step-1", "run-step-1-full"]
+    assert gc.kept_recent_fulls == ["run-step-4-full"]
+    assert prefixes(bucket) == {*result.needed, "run-step-4-full"}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -20,8 +21,16 @@ from typing import Any
 
 import pytest
 
+from hotload.api import CheckpointRef
 from hotload.errors import GcRefused, KubeError
-from hotload.publish.garbage import GcRegion, collect_garbage, group_prefixes, retained_snapshots
+from hotload.publish.garbage import (
+    GcRegion,
+    Link,
+    collect_garbage,
+    full_step,
+    group_prefixes,
+    retained_snapshots,
+)
 from hotload.publish.region_client import RegionBucket
 from hotload.snapshot import MANIFEST_NAME, encode
 from hotload.snapshot.publish import upload_snapshot
@@ -30,7 +39,10 @@ from hotload.storage import ObjectInfo, open_storage
 from ..snapshot.models import base_tensors, next_step, write_model
 
 
-def psnap(identity: str, previous: str | None, deployment: str = "demo") -> dict[str, Any]:
+def psnap(
+    identity: str, previous: str | None, deployment: str = "demo", checkpoint_of: str | None = None
+) -> dict[str, Any]:
+    """A PolicySnapshot; ``checkpoint_of``: the delta names the checkpoint ``<of>-full``."""
     spec: dict[str, Any] = {
         "deploymentRef": {"name": deployment},
         "identity": identity,
@@ -39,6 +51,9 @@ def psnap(identity: str, previous: str | None, deployment: str = "demo") -> dict
     }
     if previous:
         spec["incremental"] = {"previousIdentity": previous}
+        if checkpoint_of:
+            spec["incremental"]["checkpoint"] = {"identity": f"{checkpoint_of}-full",
+                                                 "of": checkpoint_of}  # fmt: skip
     return {"metadata": {"name": identity}, "spec": spec}
 
 
@@ -60,8 +75,14 @@ class StandInRegion:
         return self.snapshots
 
 
-def publish_chain(tmp_path: Path, bucket: Path, names: list[tuple[str, str | None]]) -> None:
-    """Encode and upload a chain of real snapshots (None previous: a Full)."""
+def publish_chain(
+    tmp_path: Path,
+    bucket: Path,
+    names: list[tuple[str, str | None]],
+    checkpoints: Mapping[str, str] | None = None,
+) -> None:
+    """Encode and upload a chain of real snapshots (None previous: a Full), then each
+    checkpoint (identity → the snapshot whose weights it holds): a Full beside the chain."""
     storage = open_storage(f"file://{bucket}")
     tensors = base_tensors()
     weights: dict[str, Path] = {}
@@ -75,6 +96,12 @@ def publish_chain(tmp_path: Path, bucket: Path, names: list[tuple[str, str | Non
             identity=identity,
             step=index,
             previous_identity=previous,
+        )
+        asyncio.run(upload_snapshot(storage, encoded.path, identity))
+    steps = {identity: index for index, (identity, _) in enumerate(names)}
+    for identity, of in (checkpoints or {}).items():
+        encoded = encode(
+            None, weights[of], tmp_path / "e" / identity, identity=identity, step=steps[of]
         )
         asyncio.run(upload_snapshot(storage, encoded.path, identity))
 
@@ -170,10 +197,92 @@ def test_nothing_is_deleted_while_a_region_does_not_answer(tmp_path: Path) -> No
 def test_retained_snapshots_are_this_deployments_only() -> None:
     items = [
         psnap("run-step-1", "run-step-0-full"),
+        psnap("run-step-3", "run-step-2", checkpoint_of="run-step-1"),
+        psnap("run-step-0-full", None),
         psnap("x-step-1", None, deployment="other"),
         {"metadata": {"name": "broken"}, "spec": {"identity": "nope"}},
     ]
-    assert retained_snapshots(items, "demo") == {"run-step-1": "run-step-0-full"}
+    assert retained_snapshots(items, "demo") == {
+        "run-step-1": Link("run-step-0-full"),
+        "run-step-3": Link(
+            "run-step-2", CheckpointRef(identity="run-step-1-full", of="run-step-1")
+        ),
+        "run-step-0-full": Link(),
+    }
+
+
+#: A chain with checkpoints beside it: ``run-step-2-full`` (of step 2) is complete and
+#: named by steps 3 and 4; ``run-step-4-full`` (of step 4) was just completed and no delta
+#: names it yet; ``run-step-1-full`` is a checkpoint the publisher gave up on (it never
+#: names one of a link older than the one it names).
+CHECKPOINTED = [
+    ("run-step-0-full", None),
+    ("run-step-1", "run-step-0-full"),
+    ("run-step-2", "run-step-1"),
+    ("run-step-3", "run-step-2"),
+    ("run-step-4", "run-step-3"),
+]
+CHECKPOINTS = {"run-step-1-full": "run-step-1", "run-step-2-full": "run-step-2",
+               "run-step-4-full": "run-step-4"}  # fmt: skip
+
+
+def test_a_checkpoint_is_kept_and_nothing_older_than_its_snapshot(tmp_path: Path) -> None:
+    """Would catch: chains still walked back to the Full once a checkpoint is named (with
+    checkpoints no new Full comes: the bucket would grow for ever), the named checkpoint
+    or its ``of`` deleted, and a checkpoint no delta names yet deleted."""
+    bucket = tmp_path / "bucket"
+    publish_chain(tmp_path, bucket, CHECKPOINTED, CHECKPOINTS)
+    make_old(bucket)
+    url = f"file://{bucket}"
+    regions: dict[str, GcRegion] = {
+        "a": StandInRegion(url, [psnap("run-step-3", "run-step-2", checkpoint_of="run-step-2"),
+                                 psnap("run-step-4", "run-step-3", checkpoint_of="run-step-2")]),
+        "b": StandInRegion(url, [psnap("run-step-4", "run-step-3", checkpoint_of="run-step-2")]),
+    }  # fmt: skip
+
+    result = asyncio.run(collect_garbage(regions, prefix="run"))
+
+    assert result.needed == ["run-step-2", "run-step-2-full", "run-step-3", "run-step-4"]
+    (gc,) = result.buckets
+    assert sorted(gc.deleted) == ["run-step-0-full", "run-step-1", "run-step-1-full"]
+    assert gc.kept_recent_fulls == ["run-step-4-full"]
+    assert prefixes(bucket) == {*result.needed, "run-step-4-full"}
+
+
+def test_a_lagging_target_that_names_no_checkpoint_keeps_its_chain_to_the_full(
+    tmp_path: Path,
+) -> None:
+    """Would catch: one walk cut short where another region's walk stopped at a
+    checkpoint (region b's target, step 3, was published before the checkpoint was
+    complete: replaying it needs steps 2, 1 and the Full, which region a's walk from step 4
+    did not need)."""
+    bucket = tmp_path / "bucket"
+    publish_chain(tmp_path, bucket, CHECKPOINTED, {"run-step-2-full": "run-step-2"})
+    make_old(bucket)
+    url = f"file://{bucket}"
+    regions: dict[str, GcRegion] = {
+        "a": StandInRegion(url, [psnap("run-step-4", "run-step-3", checkpoint_of="run-step-2")]),
+        "b": StandInRegion(url, [psnap("run-step-3", "run-step-2")]),
+    }
+    result = asyncio.run(collect_garbage(regions, prefix="run"))
+    assert result.needed == sorted({name for name, _ in CHECKPOINTED} | {"run-step-2-full"})
+    assert result.buckets[0].deleted == []
+
+
+@pytest.mark.parametrize(
+    ("identity", "step"),
+    [
+        ("run-step-12-full", 12),
+        ("run-step-12", None),
+        ("run-step-12-lora", None),
+        ("run-step-x-full", None),
+        ("run-step--full", None),
+        ("run-step-\u0661-full", None),  # a digit, not an ASCII one: not the publisher's name
+        ("runner-step-1-full", None),
+    ],
+)
+def test_only_the_publishers_fulls_have_a_step(identity: str, step: int | None) -> None:
+    assert full_step(identity, "run") == step
 
 
 def test_prefixes_group_by_identity_and_only_ours() -> None:
