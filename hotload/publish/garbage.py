@@ -167,6 +167,7 @@ async def _chain(identity: str, link_of: Callable[[str], Awaitable[Link | None]]
     """``identity``, its links back to a complete snapshot or to the ``of`` of the first
     checkpoint met on the way (whichever comes first), and that checkpoint."""
     chain: set[str] = set()
+    checkpoint: str | None = None
     floor: str | None = None
     current: str | None = identity
     while current is not None and current not in chain:
@@ -177,10 +178,9 @@ async def _chain(identity: str, link_of: Callable[[str], Awaitable[Link | None]]
         if link is None:
             break
         if floor is None and link.checkpoint is not None:
-            floor = link.checkpoint.of
-            chain.add(link.checkpoint.identity)
+            checkpoint, floor = link.checkpoint.identity, link.checkpoint.of
         current = link.previous
-    return chain
+    return chain if checkpoint is None else chain | {checkpoint}
 
 
 async def needed_identities(retained: Mapping[str, Link], storages: Iterable[Storage]) -> set[str]:
