@@ -154,8 +154,7 @@ async def _link_from_bucket(storages: Iterable[Storage], identity: str) -> Link 
             )
         except HotloadError:
             continue
-        # TODO(checkpoint format): ``manifest.checkpoint`` once Manifest.checkpoint is on main.
-        named = getattr(manifest, "checkpoint", None)
+        named = manifest.checkpoint
         checkpoint = (
             CheckpointRef(identity=named.identity, of=named.of) if named is not None else None
         )

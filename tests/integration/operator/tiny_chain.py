@@ -17,7 +17,13 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from hotload.api import API_VERSION, SnapshotKind
-from hotload.snapshot import MANIFEST_NAME, encode, manifest_digest, read_manifest
+from hotload.snapshot import (
+    MANIFEST_NAME,
+    ManifestCheckpoint,
+    encode,
+    manifest_digest,
+    read_manifest,
+)
 from hotload.snapshot.publish import publish_snapshot
 from hotload.storage import open_storage
 
@@ -95,6 +101,11 @@ class TinyChain:
             identity=identity,
             step=step,
             previous_identity=previous[0].identity if previous else None,
+            checkpoint=(
+                ManifestCheckpoint(identity=self._checkpoint[0], of=self._checkpoint[1])
+                if previous is not None and self._checkpoint is not None
+                else None
+            ),
         )
         storage = open_storage(f"file://{self.bucket_dir}")
         try:
@@ -115,10 +126,7 @@ class TinyChain:
     async def checkpoint(self) -> tuple[str, str]:
         """Publish beside the chain a Full of the last snapshot's weights (in the bucket
         only, no PolicySnapshot, as the publisher does) and name it in every later delta's
-        spec: (the checkpoint's identity, the snapshot it is of).
-
-        The deltas' manifests do not name it (they are written by the format's encoder as
-        it is); the operator reads the spec."""
+        spec and manifest (v5): (the checkpoint's identity, the snapshot it is of)."""
         if self._last is None:
             raise ValueError("a checkpoint is of a published snapshot: publish one first")
         of, model = self._last

@@ -32,7 +32,7 @@ from hotload.publish.garbage import (
     retained_snapshots,
 )
 from hotload.publish.region_client import RegionBucket
-from hotload.snapshot import MANIFEST_NAME, encode
+from hotload.snapshot import MANIFEST_NAME, ManifestCheckpoint, encode
 from hotload.snapshot.publish import upload_snapshot
 from hotload.storage import ObjectInfo, open_storage
 
@@ -80,9 +80,12 @@ def publish_chain(
     bucket: Path,
     names: list[tuple[str, str | None]],
     checkpoints: Mapping[str, str] | None = None,
+    named: Mapping[str, str] | None = None,
 ) -> None:
     """Encode and upload a chain of real snapshots (None previous: a Full), then each
-    checkpoint (identity → the snapshot whose weights it holds): a Full beside the chain."""
+    checkpoint (identity → the snapshot whose weights it holds): a Full beside the chain.
+    ``named``: delta → the snapshot ``of`` whose checkpoint ``<of>-full`` its manifest names
+    (v5)."""
     storage = open_storage(f"file://{bucket}")
     tensors = base_tensors()
     weights: dict[str, Path] = {}
@@ -96,6 +99,11 @@ def publish_chain(
             identity=identity,
             step=index,
             previous_identity=previous,
+            checkpoint=(
+                ManifestCheckpoint(identity=f"{named[identity]}-full", of=named[identity])
+                if named and identity in named
+                else None
+            ),
         )
         asyncio.run(upload_snapshot(storage, encoded.path, identity))
     steps = {identity: index for index, (identity, _) in enumerate(names)}
@@ -267,6 +275,25 @@ def test_a_lagging_target_that_names_no_checkpoint_keeps_its_chain_to_the_full(
     result = asyncio.run(collect_garbage(regions, prefix="run"))
     assert result.needed == sorted({name for name, _ in CHECKPOINTED} | {"run-step-2-full"})
     assert result.buckets[0].deleted == []
+
+
+def test_a_checkpoint_named_in_a_manifest_stops_the_walk_through_the_bucket(
+    tmp_path: Path,
+) -> None:
+    """Would catch: the manifests' ``checkpoint`` ignored where the walk goes on through the
+    bucket (the retained snapshot's PolicySnapshot names none: applied by a trainer that
+    does not copy it), so the old chain is kept for ever."""
+    bucket = tmp_path / "bucket"
+    chain = [*CHECKPOINTED, ("run-step-5", "run-step-4")]
+    named = {"run-step-3": "run-step-2", "run-step-4": "run-step-2", "run-step-5": "run-step-2"}
+    publish_chain(tmp_path, bucket, chain, {"run-step-2-full": "run-step-2"}, named)
+    make_old(bucket)
+    regions = {"a": StandInRegion(f"file://{bucket}", [psnap("run-step-5", "run-step-4")])}
+    result = asyncio.run(collect_garbage(regions, prefix="run"))
+    assert result.needed == [
+        "run-step-2", "run-step-2-full", "run-step-3", "run-step-4", "run-step-5",
+    ]  # fmt: skip
+    assert sorted(result.buckets[0].deleted) == ["run-step-0-full", "run-step-1"]
 
 
 @pytest.mark.parametrize(
