@@ -233,7 +233,7 @@ def test_chain_verdict_flags() -> None:
 def test_every_format_the_sidecar_reads_is_accepted_as_declared() -> None:
     from hotload.snapshot.manifest import FORMATS
 
-    assert set(FORMATS) == {f"hotload-delta/v{n}" for n in (1, 2, 3, 4)}
+    assert set(FORMATS) == {f"hotload-delta/v{n}" for n in (1, 2, 3, 4, 5)}
     for declared in FORMATS:
         snapshots = by_identity(full("s0", 0), delta("s1", 1, "s0", compression_format=declared))
         assert validate_chains(snapshots)["s1"].valid, declared
