@@ -60,6 +60,12 @@ def publish_command(
     ),
     full: bool = typer.Option(False, "--full", help="Publish a Full whatever the cadence."),
     full_every: int = typer.Option(25, "--full-every", min=1, help="A Full every N steps."),
+    checkpoints: bool = typer.Option(
+        True,
+        "--checkpoints/--no-checkpoints",
+        help="The cadence's Full goes beside the chain (a checkpoint, format v5) instead of "
+        "in it; the command then waits until the checkpoint is in every region's bucket.",
+    ),
     home: str | None = typer.Option(
         None, "--home", help="With bucket replication: write only this context's bucket."
     ),
@@ -81,6 +87,7 @@ def publish_command(
         kubeconfig=config,
         identity_prefix=prefix,
         full_every=full_every,
+        checkpoints=checkpoints,
         home=home,
         wait=wait,
         wait_timeout_s=timeout,
@@ -96,6 +103,8 @@ def publish_command(
                 result = publisher.publish(directory, step, full=full).result()
         else:
             result = publisher.publish(directory, step, full=full).result()
+        # A one-shot command: finish the checkpoint it began (or resumed) before leaving.
+        publisher.wait_for_checkpoint(timeout)
     if not emit(result.model_dump(mode="json", by_alias=True), output):
         _print_result(result)
     if not result.ok:
@@ -115,6 +124,15 @@ def _print_result(result: PublishResult) -> None:
         f"the trainer was blocked {shown.blocked_seconds * 1000:.1f} ms, "
         f"encoding took {shown.encode_seconds:.2f} s"
     )
+    if shown.checkpoint:
+        typer.echo(f"it names the checkpoint {shown.checkpoint}: new replicas start from there")
+    if shown.checkpoint_begun:
+        typer.echo(
+            f"a checkpoint of its weights went out beside the chain: {shown.checkpoint_begun}"
+        )
+    for ended in shown.checkpoint_done:
+        state = "complete in every region's bucket" if ended.complete else f"failed: {ended.error}"
+        typer.echo(f"checkpoint {ended.identity}: {state}")
     rows = []
     for context, region in shown.regions.items():
         replicas = (

@@ -8,7 +8,10 @@ rules, in order (the first that applies wins):
 3. the caller asked for a Full (``requested``);
 4. a region reported ``ChainValid=False`` on a snapshot of the current chain
    (``chain-broken``): only a Full resets a broken chain;
-5. ``full_every`` steps or more since the last Full (``cadence``);
+5. ``full_every`` steps or more since the last Full (``cadence``); with ``checkpoints``,
+   a delta instead, whose weights also go out as a Full *beside* the chain
+   (``checkpoint``; docs/snapshot-format.md, "Checkpoints (v5)"), so the deltas never wait
+   behind a Full on a slow link;
 6. else a delta against the previous snapshot (``delta``).
 """
 
@@ -34,7 +37,7 @@ class Previous:
     step: int
     kind: SnapshotKind
     last_full_step: int
-    """Step of the newest Full (or LoRA) in its chain."""
+    """Step of the newest Full (or LoRA) in its chain, or of the newest checkpoint begun."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,8 @@ class Decision:
     why: str
     previous: str | None
     """The delta's base; None for complete snapshots."""
+    checkpoint: bool = False
+    """A delta whose weights also go out as a checkpoint beside the chain."""
 
 
 def decide(
@@ -53,6 +58,7 @@ def decide(
     requested_full: bool = False,
     chain_broken: bool = False,
     lora: bool = False,
+    checkpoints: bool = False,
 ) -> Decision:
     """What to publish at ``step`` (see the module's rules)."""
     if full_every < 1:
@@ -72,7 +78,8 @@ def decide(
         return Decision(SnapshotKind.FULL, "requested", None)
     if chain_broken:
         return Decision(SnapshotKind.FULL, "chain-broken", None)
-    if step - previous.last_full_step >= full_every:
+    due = step - previous.last_full_step >= full_every
+    if due and not checkpoints:
         return Decision(SnapshotKind.FULL, "cadence", None)
     if previous.kind is SnapshotKind.LORA:
         return Decision(SnapshotKind.FULL, "first", None)
@@ -83,6 +90,8 @@ def decide(
             step=step,
             previous=previous.identity,
         )
+    if due:
+        return Decision(SnapshotKind.INCREMENTAL, "checkpoint", previous.identity, checkpoint=True)
     return Decision(SnapshotKind.INCREMENTAL, "delta", previous.identity)
 
 
@@ -95,6 +104,13 @@ def check_prefix(prefix: str) -> str:
             prefix=prefix,
         )
     return prefix
+
+
+def checkpoint_identity_for(prefix: str, step: int) -> str:
+    """``<prefix>-step-<n>-checkpoint``: the Full of step n's weights published beside the
+    chain, never the same name as the in-chain Full of that step (``…-full``), which a
+    broken chain may call for while the checkpoint is still on its way."""
+    return f"{identity_for(prefix, step, SnapshotKind.INCREMENTAL)}-checkpoint"
 
 
 def identity_for(prefix: str, step: int, kind: SnapshotKind) -> str:

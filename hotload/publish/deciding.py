@@ -25,11 +25,18 @@ class KindChooser:
     """Chooses each snapshot's kind; remembers requests for a Full and broken chains."""
 
     def __init__(
-        self, state: PublisherState, clients: Mapping[str, RegionClient], full_every: int
+        self,
+        state: PublisherState,
+        clients: Mapping[str, RegionClient],
+        full_every: int,
+        *,
+        checkpoints: bool = False,
     ) -> None:
+        """``checkpoints``: the cadence's Full goes beside the chain (a checkpoint)."""
         self._state = state
         self._clients = clients
         self._full_every = full_every
+        self._checkpoints = checkpoints
         self.full_requested = threading.Event()
         """Set from any thread (``Publisher.request_full``): the next snapshot is a Full."""
         self.chain_broken = False
@@ -49,6 +56,7 @@ class KindChooser:
             requested_full=requested,
             chain_broken=broken,
             lora=lora,
+            checkpoints=self._checkpoints,
         )
 
     async def _region_broke_chain(self) -> bool:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hotload.publish.state import WorkDir
 from hotload.publish.weights import CapturedWeights, materialize
-from hotload.snapshot import EncodeResult, encode
+from hotload.snapshot import EncodeResult, ManifestCheckpoint, encode
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,10 @@ def encode_step(
     step: int,
     previous: tuple[str, Path] | None,
     settings: EncodeSettings,
+    checkpoint: ManifestCheckpoint | None = None,
 ) -> EncodedStep:
-    """Blocking (run it in a thread). ``previous``: the delta's base (identity, weights)."""
+    """Blocking (run it in a thread). ``previous``: the delta's base (identity, weights);
+    ``checkpoint``: the one a delta names (v5)."""
     weights = workdir.weights(identity)
     materialize(captured, weights, settings.files_from)
     encoded_dir = workdir.encoded(identity)
@@ -57,5 +59,6 @@ def encode_step(
         previous_identity=previous[0] if previous else None,
         ignored_config_fields=settings.ignored_config_fields,
         threads=settings.threads,
+        checkpoint=checkpoint if previous else None,
     )
     return EncodedStep(result, weights, encoded_dir, time.monotonic() - started)

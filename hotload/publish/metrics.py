@@ -8,7 +8,10 @@ serves ``/metrics`` passes its own; nothing is registered globally).
   loop (the host copy);
 - ``hotload_publisher_offered_step`` / ``hotload_publisher_published_step``: the newest
   step handed to ``publish`` and the newest one published (their difference is how far
-  behind the publisher is, in steps).
+  behind the publisher is, in steps);
+- ``hotload_publisher_checkpoints_total{outcome}``: checkpoints beside the chain that
+  ended ``complete`` or ``failed`` (a failed one is tried again);
+- ``hotload_publisher_checkpoint_step``: the step of the newest complete checkpoint.
 """
 
 from __future__ import annotations
@@ -43,6 +46,15 @@ class PublisherMetrics:
         self.published_step = Gauge(
             f"{name}published_step", "Newest step published.", registry=registry
         )
+        self.checkpoints = Counter(
+            f"{name}checkpoints",
+            "Checkpoints beside the chain that ended, by outcome.",
+            ["outcome"],
+            registry=registry,
+        )
+        self.checkpoint_step = Gauge(
+            f"{name}checkpoint_step", "Step of the newest complete checkpoint.", registry=registry
+        )
 
     def offered(self, step: int) -> None:
         self.offered_step.set(step)
@@ -54,3 +66,7 @@ class PublisherMetrics:
         self.snapshots.labels(kind=result.kind.value).inc()
         self.skipped_steps.inc(len(result.skipped_steps))
         self.published_step.set(result.step)
+        for ended in result.checkpoint_done:
+            self.checkpoints.labels(outcome="complete" if ended.complete else "failed").inc()
+            if ended.complete:
+                self.checkpoint_step.set(ended.step)

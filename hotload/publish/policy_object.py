@@ -15,11 +15,14 @@ def policy_snapshot(
     previous: str | None,
     compression_format: str = FORMAT,
     digest: str | None = None,
+    checkpoint: tuple[str, str] | None = None,
 ) -> dict[str, object]:
     """Its ``to_k8s()`` form, validated by the API's model; ``compression_format`` is the
     format the snapshot was written in (v4 when its tensors are stored as parts), ``digest``
     the rebuilt weights' tensor-set digest (``manifest_digest``): the operator counts a
-    replica toward Ready at once when its report carries it."""
+    replica toward Ready at once when its report carries it. ``checkpoint``: the
+    (identity, of) a delta's manifest names, copied into ``incremental.checkpoint`` for
+    the operator's retention."""
     spec: dict[str, object] = {
         "deploymentRef": {"name": settings.deployment},
         "identity": identity,
@@ -30,10 +33,13 @@ def policy_snapshot(
         spec["digest"] = digest
     if previous is not None:
         # the format the encoder just wrote, not the API's historical default (v1)
-        spec["incremental"] = {
+        incremental: dict[str, object] = {
             "previousIdentity": previous,
             "compressionFormat": compression_format,
         }
+        if checkpoint is not None:
+            incremental["checkpoint"] = {"identity": checkpoint[0], "of": checkpoint[1]}
+        spec["incremental"] = incremental
     if settings.kv_cache_policy is not None:
         spec["kvCachePolicy"] = settings.kv_cache_policy.value
     if settings.ignored_config_fields:

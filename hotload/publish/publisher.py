@@ -27,7 +27,12 @@ took); everything else runs on the publisher's own worker thread
    broken gets, at once, a Full of the same weights (``PublishResult.fallback``; with
    ``fallback_full=False`` the next publish is that Full instead);
 7. remember the snapshot as the next one's base and tidy the work directory
-   (:mod:`~hotload.publish.tidying`).
+   (:mod:`~hotload.publish.tidying`);
+8. at the cadence's step (``checkpoints``, the default for one process), hand the step's
+   weights to the checkpoint lane (:mod:`~hotload.publish.checkpoints`), which publishes a
+   Full of them *beside* the chain while the deltas go on; once it is complete in every
+   region's bucket, each later delta names it (format v5) and the regions' retention and
+   ``hotload gc`` drop the chain before it.
 
 ``max_pending`` publishes may wait behind the running one; a publish that finds them
 all waiting takes the place of the oldest (:mod:`~hotload.publish.newest`): when the
@@ -52,7 +57,8 @@ from prometheus_client import CollectorRegistry
 from hotload.api import SnapshotKind
 from hotload.errors import HotloadError, PublishError
 from hotload.publish.buckets import BucketOpener, open_region_bucket
-from hotload.publish.cadence import identity_for
+from hotload.publish.cadence import checkpoint_identity_for, identity_for
+from hotload.publish.checkpoints import CheckpointLane, LaneOutcome, LaneSettings
 from hotload.publish.commit import RoundTiming
 from hotload.publish.deciding import KindChooser
 from hotload.publish.delivery import Delivery
@@ -66,14 +72,20 @@ from hotload.publish.region_buckets import RegionBuckets
 from hotload.publish.region_client import RegionClient
 from hotload.publish.region_run import WaitSettings
 from hotload.publish.replication import ReplicationWatch
-from hotload.publish.results import PublishResult, RegionOutcome, RegionResult, SwitchResult
+from hotload.publish.results import (
+    CheckpointResult,
+    PublishResult,
+    RegionOutcome,
+    RegionResult,
+    SwitchResult,
+)
 from hotload.publish.settings import PublisherSettings
-from hotload.publish.state import PublisherState, WorkDir
+from hotload.publish.state import CheckpointRecord, PublisherState, WorkDir
 from hotload.publish.switching import SwitchCoordinator
 from hotload.publish.tidying import remember, tidy
 from hotload.publish.weights import CapturedWeights, capture
 from hotload.publish.worker import SerialWorker
-from hotload.snapshot import manifest_digest
+from hotload.snapshot import ManifestCheckpoint, manifest_digest
 
 if TYPE_CHECKING:
     from hotload.publish.sharded_side import ShardedSide
@@ -150,7 +162,28 @@ class Publisher:
             endpoints=settings.endpoints,
             open_bucket=open_bucket,
         )
-        self._chooser = KindChooser(self._state, self._clients, settings.full_every)
+        self._chooser = KindChooser(
+            self._state,
+            self._clients,
+            settings.full_every,
+            checkpoints=settings.checkpoints and self._ranks is None,
+        )
+        self._lane = (
+            CheckpointLane(
+                self._workdir,
+                self._clients,
+                LaneSettings(
+                    home=settings.home,
+                    endpoints=settings.endpoints,
+                    replication_timeout_s=settings.replication_timeout_s,
+                    replication_nudge_after_s=settings.replication_nudge_after_s,
+                    ignored_config_fields=settings.ignored_config_fields,
+                    open_bucket=open_bucket,
+                ),
+            )
+            if self._ranks is None
+            else None
+        )
         self._delivery = Delivery(
             state=self._state,
             clients=self._clients,
@@ -275,12 +308,26 @@ class Publisher:
             if items
         }
 
+    def wait_for_checkpoint(self, timeout_s: float = 600.0) -> bool:
+        """Wait until no checkpoint is on its way beside the chain (its outcome is taken
+        by the next publish); False if one still is after ``timeout_s``."""
+        return self._lane.wait(timeout_s) if self._lane is not None else True
+
     def close(self) -> None:
-        """Finish the queued publishes, then stop the worker and release the work directory."""
+        """Finish the queued publishes, then stop the worker and release the work directory.
+        A checkpoint still on its way is stopped; the next publisher on this work directory
+        resumes it."""
         if self._closed:
             return
         self._closed = True
         self._worker.close()
+        if self._lane is not None:
+            self._lane.close()
+            # The worker has stopped: the state is this thread's now. A checkpoint that
+            # finished is recorded, so the next publisher's first delta names it.
+            outcome = self._lane.take_outcome()
+            if outcome is not None and self._ranks is None:
+                self._take_outcome(outcome)
         if self._sharded is not None:
             self._sharded.close()
         for client in self._clients.values():
@@ -341,9 +388,13 @@ class Publisher:
                 "the publisher fell behind: publishing the newest step, skipping older ones",
                 extra={"step": step, "skipped_steps": skipped},
             )
+        checkpoints_done = self._settle_checkpoints()
         decision = await self._chooser.choose(step, full=full, lora=captured.is_lora)
         identity = identity_for(settings.prefix, step, decision.kind)
         previous = self._state.last
+        incremental = decision.kind is SnapshotKind.INCREMENTAL
+        named = self._state.named_checkpoint() if incremental else None
+        begin = decision.checkpoint and self._state.checkpoint_pending is None
         encoded = await asyncio.to_thread(
             encode_step,
             self._workdir,
@@ -358,6 +409,7 @@ class Publisher:
             settings=EncodeSettings(
                 settings.files_from, settings.ignored_config_fields, settings.encode_threads
             ),
+            checkpoint=ManifestCheckpoint(identity=named.identity, of=named.of) if named else None,
         )
         kind = encoded.result.manifest.kind
         self._observer.snapshot_encoded(
@@ -366,17 +418,21 @@ class Publisher:
         policy = policy_snapshot(
             settings, identity, step, kind, decision.previous, encoded.result.manifest.format,
             manifest_digest(encoded.result.manifest),
+            (named.identity, named.of) if named else None,
         )  # fmt: skip
         regions, switch = await self._deliver(identity, policy, encoded.directory, timing)
-        remember(self._state, identity, step, kind, encoded.weights)
+        remember(self._state, identity, step, kind, encoded.weights, checkpoint_begun=begin)
         self._chooser.chain_broken = False
+        begun = self._begin_checkpoint(identity, step, encoded.weights) if begin else None
         tidy(self._workdir, self._state)
+        if begun is not None and self._lane is not None:
+            self._lane.start(begun)
         result = PublishResult(
             identity=identity,
             step=step,
             kind=kind,
             previous=decision.previous,
-            why=why or decision.why,
+            why=why or (decision.why if begin or not decision.checkpoint else "delta"),
             stored_bytes=encoded.result.stored_bytes,
             full_bytes=encoded.result.tensor_bytes,
             blocked_seconds=round(timing.blocked_seconds, 6),
@@ -385,6 +441,9 @@ class Publisher:
             regions=regions,
             switch=switch,
             skipped_steps=skipped or [],
+            checkpoint=named.identity if named else None,
+            checkpoint_begun=begun.identity if begun else None,
+            checkpoint_done=checkpoints_done,
         )
         self.metrics.published(result)
         broken = [c for c, r in regions.items() if r.outcome is RegionOutcome.CHAIN_BROKEN]
@@ -406,3 +465,66 @@ class Publisher:
         else:
             self._observer.publish_done(result)
         return result
+
+    # --- checkpoints beside the chain -------------------------------------------------------
+
+    def _begin_checkpoint(self, of: str, step: int, weights: Path) -> CheckpointRecord:
+        """Record the checkpoint of ``of`` as on its way (saved with the state, so that its
+        weights stay pinned and a restarted publisher resumes it)."""
+        record = CheckpointRecord(
+            identity=checkpoint_identity_for(self.settings.prefix, step),
+            of=of,
+            step=step,
+            weights=str(weights),
+        )
+        self._state.checkpoint_pending = record
+        return record
+
+    def _settle_checkpoints(self) -> list[CheckpointResult]:
+        """Take the lane's finished attempt into the state (a complete checkpoint becomes
+        the one later deltas name, if its chain still goes on), and start the pending one
+        again if nothing is running (a failed attempt, or a publisher restarted)."""
+        lane = self._lane
+        if lane is None:
+            return []
+        done: list[CheckpointResult] = []
+        outcome = lane.take_outcome()
+        if outcome is not None:
+            done.append(_checkpoint_result(outcome))
+            self._take_outcome(outcome)
+        pending = self._state.checkpoint_pending
+        if pending is not None and not lane.busy:
+            if pending.of in self._state.chain:
+                lane.start(pending)
+            else:  # the chain restarted from a Full meanwhile: no delta would name it
+                self._state.checkpoint_pending = None
+                tidy(self._workdir, self._state)
+        return done
+
+    def _take_outcome(self, outcome: LaneOutcome) -> None:
+        record = outcome.record
+        if not outcome.complete:
+            return
+        if self._state.checkpoint_pending == record:
+            self._state.checkpoint_pending = None
+        if record.of in self._state.chain:
+            self._state.checkpoint = record
+        else:
+            log.info(
+                "a checkpoint completed after its chain ended: no delta names it",
+                extra={"checkpoint": record.identity, "of": record.of},
+            )
+        tidy(self._workdir, self._state)
+
+
+def _checkpoint_result(outcome: LaneOutcome) -> CheckpointResult:
+    record = outcome.record
+    return CheckpointResult(
+        identity=record.identity,
+        of=record.of,
+        step=record.step,
+        complete=outcome.complete,
+        error=outcome.error,
+        stored_bytes=outcome.stored_bytes,
+        seconds=round(outcome.seconds, 3),
+    )

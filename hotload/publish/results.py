@@ -107,6 +107,20 @@ class RankResult(ResultModel):
     """CPU time of the thread that encoded (without the codec's extra threads)."""
 
 
+class CheckpointResult(ResultModel):
+    """One attempt at publishing a checkpoint beside the chain, ended."""
+
+    identity: str
+    of: str
+    step: int
+    complete: bool
+    """Complete in every region's bucket; later deltas name it."""
+    error: str | None = None
+    """Why it failed (it is tried again at the next publish)."""
+    stored_bytes: int = 0
+    seconds: float
+
+
 class PublishResult(ResultModel):
     """One snapshot, published: what it is and what every region did with it."""
 
@@ -116,7 +130,8 @@ class PublishResult(ResultModel):
     previous: str | None = None
     why: str
     """Why this kind: ``first``, ``cadence``, ``requested``, ``chain-broken``, ``lora``,
-    ``delta`` (an Incremental against the previous snapshot)."""
+    ``delta`` (an Incremental against the previous snapshot), ``checkpoint`` (a delta
+    whose weights also go out as a checkpoint beside the chain)."""
     stored_bytes: int
     """Bytes of every file the snapshot stores (the manifest included)."""
     full_bytes: int
@@ -137,6 +152,12 @@ class PublishResult(ResultModel):
     published, or a Full). Their handles resolve to this result."""
     ranks: list[RankResult] = Field(default_factory=list)
     """A sharded publish: what each rank encoded (empty for one process)."""
+    checkpoint: str | None = None
+    """The checkpoint this delta names (complete in every region's bucket), if any."""
+    checkpoint_begun: str | None = None
+    """The checkpoint of this step's weights that began beside the chain, if any."""
+    checkpoint_done: list[CheckpointResult] = Field(default_factory=list)
+    """Checkpoint attempts that ended since the previous publish."""
 
     @property
     def ratio(self) -> float:

@@ -28,6 +28,11 @@ class PublisherSettings:
     identity_prefix: str | None = None
     """Identities are ``<prefix>-step-<n>`` (deltas) and ``…-full``; default: the deployment."""
     full_every: int = DEFAULT_FULL_EVERY
+    checkpoints: bool = True
+    """Every ``full_every`` steps, publish the step as a delta and a Full of its weights
+    *beside* the chain (a checkpoint, format v5: upgrade the sidecars first), instead of a
+    Full in the chain that every delta after it waits behind. A sharded publisher always
+    publishes its cadence's Full in the chain."""
     home: str | None = None
     """With bucket replication: the one context whose bucket is written."""
     wait: bool = False

@@ -42,6 +42,18 @@ class LastSnapshot(_Model):
         return Previous(self.identity, self.step, self.kind, self.last_full_step)
 
 
+class CheckpointRecord(_Model):
+    """A checkpoint: a Full of one chain snapshot's weights, published beside the chain."""
+
+    identity: str
+    """The Full's identity (``<prefix>-step-<n>-checkpoint``); it has no PolicySnapshot."""
+    of: str
+    """The chain's snapshot whose weights it holds."""
+    step: int
+    weights: str
+    """The weights directory it is encoded from: kept until it is complete everywhere."""
+
+
 class PendingSnapshot(_Model):
     """A snapshot one region has not got yet, in publish order."""
 
@@ -80,6 +92,17 @@ class PublisherState(_Model):
     """Kube context → snapshots still to apply there, oldest first."""
     switches: dict[str, list[PendingSwitch]] = Field(default_factory=dict)
     """Kube context → coordinated switch decisions still to write there, oldest first."""
+    checkpoint: CheckpointRecord | None = None
+    """The newest checkpoint complete in every region's bucket: each later delta of its
+    chain names it (none once the chain restarts from a Full)."""
+    checkpoint_pending: CheckpointRecord | None = None
+    """The checkpoint being published beside the chain (resumed after a restart)."""
+
+    def named_checkpoint(self) -> CheckpointRecord | None:
+        """The checkpoint the next delta names: the complete one, while its snapshot is
+        still in the current chain."""
+        checkpoint = self.checkpoint
+        return checkpoint if checkpoint is not None and checkpoint.of in self.chain else None
 
     def referenced_encoded(self) -> set[str]:
         return {item.encoded for items in self.pending.values() for item in items}
@@ -143,6 +166,10 @@ class WorkDir:
         if state.last is not None and not Path(state.last.weights).is_dir():
             # Its weights are gone: the next snapshot cannot be a delta against it.
             state = state.model_copy(update={"last": None, "chain": []})
+        pending = state.checkpoint_pending
+        if pending is not None and not Path(pending.weights).is_dir():
+            # Nothing left to encode it from: the cadence begins another.
+            state = state.model_copy(update={"checkpoint_pending": None})
         return state
 
     def save(self, state: PublisherState) -> None:

@@ -10,7 +10,13 @@ import pytest
 
 from hotload.api import SnapshotKind
 from hotload.errors import ConfigError
-from hotload.publish.cadence import Previous, check_prefix, decide, identity_for
+from hotload.publish.cadence import (
+    Previous,
+    check_prefix,
+    checkpoint_identity_for,
+    decide,
+    identity_for,
+)
 
 FULL, DELTA, LORA = SnapshotKind.FULL, SnapshotKind.INCREMENTAL, SnapshotKind.LORA
 
@@ -42,6 +48,35 @@ def test_decision_follows_the_rules_in_order(
     decision = decide(step=step, previous=before, full_every=25, **flags)
     assert (decision.kind, decision.why) == (kind, why)
     assert decision.previous == (before.identity if kind is DELTA and before else None)
+
+
+@pytest.mark.parametrize(
+    ("step", "before", "flags", "kind", "why"),
+    [
+        (0, None, {}, FULL, "first"),
+        (24, previous(23), {}, DELTA, "delta"),
+        (25, previous(24), {}, DELTA, "checkpoint"),
+        (30, previous(24), {}, DELTA, "checkpoint"),
+        (26, previous(25, DELTA, last_full=25), {}, DELTA, "delta"),
+        # Only the cadence goes beside the chain: a broken chain or a request is a Full.
+        (25, previous(24), {"chain_broken": True}, FULL, "chain-broken"),
+        (25, previous(24), {"requested_full": True}, FULL, "requested"),
+        # No delta on a LoRA, due or not.
+        (25, previous(24, LORA, last_full=0), {}, FULL, "first"),
+    ],
+)
+def test_with_checkpoints_the_cadence_is_a_delta_with_a_full_beside_it(
+    step: int, before: Previous | None, flags: dict[str, bool], kind: SnapshotKind, why: str
+) -> None:
+    decision = decide(step=step, previous=before, full_every=25, checkpoints=True, **flags)
+    assert (decision.kind, decision.why) == (kind, why)
+    assert decision.checkpoint == (why == "checkpoint")
+    assert decision.previous == (before.identity if kind is DELTA and before else None)
+
+
+def test_a_checkpoint_is_never_named_like_a_full_of_its_step() -> None:
+    assert checkpoint_identity_for("run-7", 12) == "run-7-step-12-checkpoint"
+    assert checkpoint_identity_for("run-7", 12) != identity_for("run-7", 12, FULL)
 
 
 def test_full_every_one_makes_every_snapshot_a_full() -> None:
