@@ -13,12 +13,14 @@ What it does, in order (each step one function, so a longer demo adds steps, not
    operator renders its StatefulSet, Service and sidecar RBAC, and the pod runtime runs
    every replica's real ``hotload engine reference`` and ``hotload sidecar`` processes;
 4. trains a ~6M-parameter model for real (AdamW at an RL-like learning rate) and hands every
-   step's weights to the publisher (``hotload.publish``): a Full at the first step and every
-   25 steps, deltas in between, uploaded once into the home region's bucket (replication
-   brings the others their copy), applied as a PolicySnapshot in every region and waited on
-   until Ready everywhere. Per step it prints the snapshot's size (a delta against the full
-   weights), the bytes that crossed the WAN links, publish -> Ready per region, and which
-   policy answered a completion in every region;
+   step's weights to the publisher (``hotload.publish``): a Full at the first step, deltas
+   after it, and every 25 steps a checkpoint (a Full of that step's weights) published
+   beside the chain while the deltas go on; each uploaded once into the home region's
+   bucket (replication brings the others their copy); each step's snapshot is applied as a
+   PolicySnapshot in every region and waited on until Ready everywhere. Per step it prints
+   the snapshot's size (a delta against the full weights), the bytes that crossed the WAN
+   links, publish -> Ready per region, and which policy answered a completion in every
+   region;
 5. stores one delta damaged (a byte flipped in its data): every region's replicas refuse it
    (checksum), the operator marks it ``ChainValid=False`` and the deployment ``Degraded``,
    emits an Event, and every replica keeps serving the last good snapshot; the publisher
@@ -95,8 +97,8 @@ class DemoSettings:
     """Training steps after the first snapshot (one publish each)."""
     full_every: int = 25
     corrupt_step: int | None = 27
-    """The step whose delta is stored damaged (None: no break); after the cadence's Full at
-    25, so the run shows both kinds of Full."""
+    """The step whose delta is stored damaged (None: no break); after the cadence's
+    checkpoint at 25, so the run shows both a checkpoint and the Full after a break."""
     namespace: str = "hotload-demo"
     state_dir: Path | None = None
     index_base: int = 1
@@ -366,6 +368,11 @@ def say_step(timing: RolloutTiming, names: Sequence[str], say: Say) -> None:
         size += f" ({snapshot.ratio:.0f}x smaller than the full weights)"
     elif snapshot.why == "chain-broken":
         size += " (the Full after the break)"
+    if snapshot.checkpoint_begun:
+        size += f"; a checkpoint of it goes out beside the chain ({snapshot.checkpoint_begun})"
+    for ended in snapshot.checkpoint_done:
+        if ended.complete:
+            size += f"; checkpoint {ended.identity} is in every bucket, later deltas name it"
     crossed = sum(timing.wan_bytes.values())
     ready = "  ".join(f"{n} {timing.seconds_by_region.get(n, 0):.1f}s" for n in names)
     say(f"step {snapshot.step:>3}: {size}; over the WAN {_kib(crossed)}; Ready: {ready}")
