@@ -24,7 +24,7 @@ from hotload.api.kinds import Identity
 from hotload.engines.reference import model as reference_model
 from hotload.engines.reference import tokenizer
 from hotload.errors import ConfigError
-from hotload.snapshot import encode
+from hotload.snapshot import ManifestCheckpoint, encode
 from hotload.snapshot.publish import publish_snapshot
 from hotload.storage import Storage
 
@@ -161,13 +161,43 @@ class PolicyTrainer:
         beside the weights, as a tokenizer or notes would."""
         return await self.publish(full=True, extra_files=extra_files)
 
-    async def publish_delta(self) -> PublishedSnapshot:
+    async def publish_delta(
+        self, *, checkpoint: ManifestCheckpoint | None = None
+    ) -> PublishedSnapshot:
+        """A delta against the last published; ``checkpoint``: the one it names (v5)."""
         if not self.published:
             raise ValueError("a delta needs a snapshot before it")
-        return await self.publish(full=False)
+        return await self.publish(full=False, checkpoint=checkpoint)
+
+    async def publish_checkpoint(self, of: PublishedSnapshot) -> PublishedSnapshot:
+        """A Full of ``of``'s weights published beside the chain (``…-checkpoint``): not
+        one of ``published``, named by the deltas after it that say so."""
+        identity = f"{of.identity}-checkpoint"
+        encoded = self.workdir / "encoded" / identity
+        result = await asyncio.to_thread(
+            encode, None, of.weights, encoded, identity=identity, step=of.step
+        )
+        if self.storage is None:
+            raise ConfigError("this trainer has no storage to publish to", trainer=self.name)
+        keys = await publish_snapshot(self.storage, encoded, identity)
+        return PublishedSnapshot(
+            identity=identity,
+            step=of.step,
+            kind=SnapshotKind.FULL,
+            previous=None,
+            weights=of.weights,
+            stored_bytes=result.stored_bytes,
+            full_bytes=result.tensor_bytes,
+            loss=of.loss,
+            files=tuple(key.removeprefix(f"{identity}/") for key in keys),
+        )
 
     async def publish(
-        self, *, full: bool, extra_files: Mapping[str, bytes] | None = None
+        self,
+        *,
+        full: bool,
+        extra_files: Mapping[str, bytes] | None = None,
+        checkpoint: ManifestCheckpoint | None = None,
     ) -> PublishedSnapshot:
         """Publish the current weights: a Full, or a delta against the last published
         (carrying the files the snapshot before it carried)."""
@@ -190,6 +220,7 @@ class PolicyTrainer:
             identity=identity,
             step=self.step,
             previous_identity=previous.identity if previous else None,
+            checkpoint=checkpoint if previous else None,
         )
         if self.storage is None:
             raise ConfigError("this trainer has no storage to publish to", trainer=self.name)

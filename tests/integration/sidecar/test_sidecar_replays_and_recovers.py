@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from hotload.snapshot import ManifestCheckpoint
 from hotload.storage import Storage
 from tests.fixtures.trainer import PROBE_TOKENS, Trainer
 from tests.integration.sidecar.harness import SidecarHarness, eventually, rollout_deployment
@@ -39,6 +40,40 @@ async def test_new_pod_at_step_seven_replays_from_the_last_full_bit_exact(
     # snapshot stays there, the other buffer is untouched.
     assert status["buffers"] == {"a": last.identity, "b": None, "served": "a", "handed": None}
     assert sorted(p.name for p in (replica.staging / "buffers" / "a").iterdir()) == [last.identity]
+
+
+async def test_new_pod_replays_from_the_checkpoint_without_the_chain_before_it(
+    harness: SidecarHarness, trainer: Trainer, bucket_url: str, storage: Storage
+) -> None:
+    """A checkpoint (a Full of step 3's weights, beside the chain) named by the deltas
+    after it: a new pod loads it and those deltas only, so the chain before it may go."""
+    harness.create_deployment(rollout_deployment("ckpt", bucket_url))
+    await trainer.publish_full()
+    for _ in range(3):
+        trainer.train_step()
+        of = await trainer.publish_delta()
+    checkpoint = await trainer.publish_checkpoint(of)
+    named = ManifestCheckpoint(identity=checkpoint.identity, of=of.identity)
+    after = []
+    for _ in range(2):
+        trainer.train_step()
+        after.append(await trainer.publish_delta(checkpoint=named))
+    # What gc leaves once the checkpoint is named: nothing of the chain up to its snapshot.
+    for gone in trainer.published[:4]:
+        for relpath in gone.files:
+            await storage.delete(f"{gone.identity}/{relpath}")
+    last = after[-1]
+    harness.set_target("ckpt", last.ref())
+
+    replica = await harness.replica("ckpt-0", "ckpt")
+    annotations = await harness.wait_state(replica, last.identity, "Ready")
+    assert annotations["hotload.dev/via"] == "replay"
+    served = await harness.engine_logits(replica, PROBE_TOKENS)
+    assert served["identity"] == last.identity
+    assert served["sha256"] == trainer.expected_logits(last).sha256
+    swap = (await harness.status(replica))["history"][0]
+    # The checkpoint and the two deltas after it, nothing else.
+    assert swap["storedBytes"] == checkpoint.stored_bytes + sum(p.stored_bytes for p in after)
 
 
 async def test_corrupt_delta_keeps_last_good_snapshot_until_a_full_recovers(
