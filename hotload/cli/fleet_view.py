@@ -130,19 +130,24 @@ def newest_steps(regions: Iterable[RegionObjects]) -> dict[tuple[str, str], int]
 def on_chain(snapshots: Sequence[Body]) -> set[tuple[str, str]]:
     """(namespace, name) of the snapshots a deployment's replicas can reach: not marked
     broken (``ChainValid=False``), and complete (Full, LoRA) or an Incremental whose
-    previous is itself on the chain here. An orphan — a delta whose previous this region
-    never saw, or one past a break — is not the trainer's progress, and counting it made one
-    stray snapshot show as a lag of 882 steps (issue 22)."""
+    previous is itself on the chain here, or is the snapshot a checkpoint met on the way
+    stands for (``incremental.checkpoint.of``: retention deletes what is older, and a
+    replica starts from the checkpoint; ``of`` itself is judged by its own previous). An
+    orphan — a delta whose previous this region never saw, or one past a break — is not the
+    trainer's progress, and counting it made one stray snapshot show as a lag of 882 steps
+    (issue 22)."""
     bodies = {(str(_meta(b).get("namespace") or ""), str(_meta(b).get("name"))): b
               for b in snapshots}  # fmt: skip
     verdict: dict[tuple[str, str], bool] = {}
 
     def reachable(key: tuple[str, str]) -> bool:
         path: list[tuple[str, str]] = []
-        while key not in verdict:
+        floor: str | None = None
+        while key not in verdict or key[1] == floor:
             body = bodies.get(key)
             spec = (body.get("spec") or {}) if body is not None else {}
-            previous = (spec.get("incremental") or {}).get("previousIdentity")
+            incremental = spec.get("incremental") or {}
+            previous = incremental.get("previousIdentity")
             status: Body = (body.get("status") or {}) if body is not None else {}
             if (
                 body is None
@@ -150,9 +155,16 @@ def on_chain(snapshots: Sequence[Body]) -> set[tuple[str, str]]:
                 or _condition(status, CHAIN_VALID).get("status") == ("False")
             ):
                 verdict[key] = False
+            elif key[1] == floor:
+                # The checkpoint stands for it: what a walk from here reached (its own
+                # verdict, by its own previous, may differ and is left as it is).
+                for step in path:
+                    verdict[step] = True
+                return True
             elif spec.get("kind") != "Incremental" or not previous:
                 verdict[key] = True
             else:
+                floor = floor or (incremental.get("checkpoint") or {}).get("of")
                 path.append(key)
                 key = (key[0], str(previous))
                 continue

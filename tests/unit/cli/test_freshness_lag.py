@@ -134,6 +134,20 @@ def test_the_lag_counts_only_the_deployments_chain() -> None:
     assert newest_steps([healed]) == {("ns", "a"): 2}
 
 
+def test_a_chain_cut_at_its_checkpoint_is_still_the_trainers_progress() -> None:
+    """Retention deletes what is older than a checkpoint's snapshot: the deltas after it
+    stay on the chain (a replica starts from the checkpoint); that snapshot, as a target of
+    its own, would need its deleted previous."""
+    s11 = _linked("s11", 11, "s10")
+    s11["spec"]["incremental"]["checkpoint"] = {"identity": "s10-checkpoint", "of": "s10"}
+    snapshots = [_linked("s10", 10, "s9-deleted"), s11, _linked("s12", 12, "s11")]
+    for order in (snapshots, snapshots[::-1]):
+        assert on_chain(order) == {("ns", "s11"), ("ns", "s12")}
+    # Without the checkpoint the same objects are orphans.
+    del s11["spec"]["incremental"]["checkpoint"]
+    assert on_chain(snapshots) == set()
+
+
 def test_why_replicas_are_not_at_the_target_shows_in_status_and_ledger() -> None:
     """A bucket outage, a full disk, a foreign pause: the pods' reasons, counted per
     deployment (`hotload status`) and per replica (`hotload ledger`), whatever the state
