@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client as k8s
 
 from hotload.api import LoadPath, SnapshotKind
 from hotload.api.formats import FORMAT_V5
@@ -23,8 +24,10 @@ from hotload.publish import Publisher
 from hotload.snapshot import MANIFEST_NAME, Manifest, parse_manifest, plan_update_with, rebuild
 
 from .test_publisher_regions import (  # noqa: F401  (fixtures)
+    DEPLOYMENT,
     Scene,
     buckets,
+    deployment,
     scene,
     settings,
     snapshots,
@@ -117,24 +120,48 @@ def test_a_replica_with_nothing_rebuilds_from_the_checkpoint_bit_for_bit(
     assert (out / "model.safetensors").read_bytes() == trained
 
 
-def test_a_publisher_stopped_on_the_way_resumes_its_checkpoint(scene: Scene) -> None:  # noqa: F811
+def test_a_checkpoint_that_fails_is_kept_and_finished_by_the_next_publisher(
+    scene: Scene,  # noqa: F811  (the fixture imported above)
+) -> None:
+    """One region's bucket cannot be learnt while the checkpoint goes out (its
+    RolloutDeployment is gone): the attempt fails, the deltas go on, and the checkpoint
+    stays pending, its weights pinned, through the publisher's close; the next publisher
+    on the work directory finishes it once the region is back, and the deltas name it."""
+    gone = scene.regions.names[-1]
+    custom = k8s.CustomObjectsApi(scene.clients[gone])
     with Publisher(every_two(scene)) as publisher:
-        for step in (0, 1, 2):
+        for step in (0, 1):
             publisher.publish(scene.weights[step], step).result(timeout=120)
-        # Closed at once: the lane is stopped wherever it is (or has just finished).
+        custom.delete_namespaced_custom_object(
+            "hotload.dev", "v1alpha1", scene.namespace, "rolloutdeployments", DEPLOYMENT
+        )
+        two = publisher.publish(scene.weights[2], 2).result(timeout=120)
+        assert two.checkpoint_begun == CHECKPOINT
+        assert publisher.wait_for_checkpoint(120)
     state = json.loads((scene.workdir / "state.json").read_text())
+    assert state["checkpoint"] is None
     assert state["checkpoint_pending"]["identity"] == CHECKPOINT
     assert Path(state["checkpoint_pending"]["weights"]).is_dir()  # pinned until complete
+    assert not (scene.buckets[gone] / CHECKPOINT / MANIFEST_NAME).exists()
 
+    custom.create_namespaced_custom_object(
+        "hotload.dev", "v1alpha1", scene.namespace, "rolloutdeployments",
+        deployment(scene.buckets[gone]),
+    )  # fmt: skip
     with Publisher(every_two(scene)) as publisher:
         three = publisher.publish(scene.weights[3], 3).result(timeout=120)
         assert publisher.wait_for_checkpoint(120)
         four = publisher.publish(scene.weights[4], 4).result(timeout=120)
-    assert three.checkpoint is None  # not known complete yet when step 3 went out
+    assert three.checkpoint is None  # not known complete when step 3 went out
+    assert [(d.identity, d.complete) for d in four.checkpoint_done] == [(CHECKPOINT, True)]
     assert four.checkpoint == CHECKPOINT
-    assert any(d.complete for d in (*three.checkpoint_done, *four.checkpoint_done))
     for bucket in scene.buckets.values():
+        assert read(bucket, CHECKPOINT).kind is SnapshotKind.FULL
         assert read(bucket, four.identity).checkpoint is not None
+    state = json.loads((scene.workdir / "state.json").read_text())
+    assert state["checkpoint"]["identity"] == CHECKPOINT
+    # The cadence went on from the step the checkpoint began: step 4 begins the next one.
+    assert four.checkpoint_begun == "run-step-4-checkpoint"
 
 
 def test_a_chain_restarted_by_a_full_drops_its_checkpoint(scene: Scene) -> None:  # noqa: F811
