@@ -19,11 +19,12 @@ needs its whole chain, even where another region's walk stopped short of it.
 
 A checkpoint just completed is named by no delta yet (the publisher names it in the deltas
 it publishes once the checkpoint is complete in every region), and it may stay unnamed for
-longer than ``min_age`` while training pauses. So a ``<prefix>-step-<n>-full`` prefix is
-kept whenever ``n`` is at least the step of the newest complete snapshot needed (a Full or
-a checkpoint named ``<prefix>-step-<m>-full``, ``n >= m``): a Full that new can only be the
-next checkpoint, or a Full a new chain starts from. While no complete snapshot named so is
-needed at all, every ``…-full`` prefix is kept (nothing says which one is old).
+longer than ``min_age`` while training pauses. So a ``<prefix>-step-<n>-full`` or
+``…-checkpoint`` prefix is kept whenever ``n`` is at least the step of the newest complete
+snapshot needed (a Full or a checkpoint named so, of step ``m``, ``n >= m``): a Full that
+new can only be the next checkpoint, or a Full a new chain starts from. While no complete
+snapshot named so is needed at all, every such prefix is kept (nothing says which one is
+old).
 
 Only prefixes named like the publisher's identities (``<prefix>-step-…``) are candidates,
 and only once older than ``min_age`` (a publish in flight has uploaded files that no
@@ -38,7 +39,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from pydantic import ValidationError
 
@@ -201,11 +202,17 @@ async def needed_identities(retained: Mapping[str, Link], storages: Iterable[Sto
     return needed
 
 
+COMPLETE_SUFFIXES: Final = ("-full", "-checkpoint")
+"""How the publisher ends the identity of a Full in the chain and of a checkpoint beside it
+(``hotload.publish.cadence``)."""
+
+
 def full_step(identity: str, prefix: str) -> int | None:
-    """``n`` of a ``<prefix>-step-<n>-full`` identity (a Full or a checkpoint, as the
-    publisher names them); None for any other name."""
-    head, tail = f"{prefix}-step-", "-full"
-    if not (identity.startswith(head) and identity.endswith(tail)):
+    """``n`` of a ``<prefix>-step-<n>-full`` or ``…-checkpoint`` identity (a Full or a
+    checkpoint, as the publisher names them); None for any other name."""
+    head = f"{prefix}-step-"
+    tail = next((t for t in COMPLETE_SUFFIXES if identity.endswith(t)), None)
+    if tail is None or not identity.startswith(head):
         return None
     digits = identity[len(head) : len(identity) - len(tail)]
     return int(digits) if digits.isascii() and digits.isdigit() else None
@@ -213,7 +220,7 @@ def full_step(identity: str, prefix: str) -> int | None:
 
 def newest_full_step(needed: Iterable[str], prefix: str) -> int | None:
     """The step of the newest complete snapshot needed that is named like the publisher's
-    Fulls and checkpoints; a ``…-full`` prefix at or after it is never deleted."""
+    Fulls and checkpoints; such a prefix at or after it is never deleted."""
     steps = [step for step in (full_step(i, prefix) for i in needed) if step is not None]
     return max(steps, default=None)
 

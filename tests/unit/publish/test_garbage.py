@@ -300,7 +300,9 @@ def test_a_checkpoint_named_in_a_manifest_stops_the_walk_through_the_bucket(
     ("identity", "step"),
     [
         ("run-step-12-full", 12),
+        ("run-step-12-checkpoint", 12),
         ("run-step-12", None),
+        ("run-step-x-checkpoint", None),
         ("run-step-12-lora", None),
         ("run-step-x-full", None),
         ("run-step--full", None),
