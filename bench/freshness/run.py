@@ -5,15 +5,28 @@ with its own bucket (MinIO) behind an emulated WAN link (toxiproxy: rate and lat
 buckets replicated by MinIO, the chart installed with helm (the operator), a
 RolloutDeployment of reference-engine replicas per region reading its own bucket. A
 trainer takes a real AdamW step of the reference model every ``--interval`` seconds and
-hands the weights to the publisher (Full every 25 steps, deltas between, home bucket
-replicated). Meanwhile a client per region asks its region's Service for completions
-back to back; each completion names the snapshot that served it, so
+hands the weights to the publisher (home bucket replicated). Meanwhile a client per region
+asks its region's Service for completions back to back; each completion names the
+snapshot that served it, so
 
     lag = (the trainer's newest published step when the request was sent) - (served step)
 
 is measured per completion, and quoted as p50 / p99 / max per region and overall (goal:
-p99 <= 1). The baseline, run in the same process on the same regions: the same loop
-publishing a Full at every step (what a system without deltas ships).
+p99 <= 1). Three loops, one after the other, in the same process on the same regions
+(``--runs`` picks some):
+
+- ``deltas``: a delta at every step; every ``--full-every`` steps the step's weights also go
+  out as a Full *beside* the chain (a checkpoint, the publisher's default), which later
+  deltas name once it is in every region's bucket;
+- ``deltas-full-in-chain``: the same, with ``checkpoints=False``: the cadence's step is a
+  Full in the chain, and every delta after it waits behind it (the behaviour before
+  checkpoints, the baseline for them);
+- ``full-every-step``: a Full at every step (what a system without deltas ships).
+
+``--full-every`` defaults to 10, not the publisher's 25: a 30-step run then has cadence
+steps at 10, 20 and 30, so each delta run shows more than one scheduled Full (two of them
+with room to complete inside the loop), while 10 steps still exceed a Full's ~6 steps on
+the link, so one checkpoint can be complete before the next is due.
 
 At production proportions by default: a Full takes several step intervals to cross the
 link, as a 70B bf16 policy (140 GB) does over a 10 Gbit/s inter-region link (~112 s)
@@ -22,9 +35,12 @@ reference model's 6.2 MB Full over 200 KB/s takes ~31 s against a 5 s step (~6 s
 The trainer's encode runs in the loop (the publisher's worker, in the trainer's process:
 it shares the trainer's cores), and each step records how long the training loop was held
 by its publish call. A publisher that falls behind publishes the newest step and skips
-the stale ones (docs/publishing.md): the results count the skipped steps.
+the stale ones (docs/publishing.md): the results count the skipped steps. Each published
+step records the checkpoint it began and the one it names, and each checkpoint when it was
+complete, its seconds and bytes (results.md: the delta runs' scheduled Fulls).
 
-    ~/.cache/hotload/venv/bin/python -m bench.freshness.run [--steps 30] [--interval 5]
+    ~/.cache/hotload/venv/bin/python -m bench.freshness.run [--steps 30] [--interval 5] \
+        [--full-every 10] [--runs deltas,deltas-full-in-chain,full-every-step] [--out DIR]
 """
 
 from __future__ import annotations
@@ -33,17 +49,18 @@ import argparse
 import gzip
 import json
 import platform
-import re
 import secrets
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.freshness.report import report
+from bench.freshness.summary import STEP_PATTERN, Sample, published_entry, summarize_run
 from bench.load import LoadSampler
 from hotload.errors import HotloadError
 from hotload.local import down
@@ -60,24 +77,24 @@ HERE = Path(__file__).resolve().parent
 REGIONS = ("us-east", "eu-west", "ap-south")
 #: The operator watches the bench's ``hl-*`` namespaces (a glob: the chart's cluster-wide mode).
 BENCH_CHART = ChartRelease(watch_namespaces=("hl-*",), cluster_wide=True)
-STEP_PATTERN = re.compile(r"-step-(\d+)(?:-full|-lora)?$")
-#: Between one client's requests: steady sampling without keeping a core busy.
-PAUSE_S = 0.2
 
 
 @dataclass(frozen=True)
-class Sample:
-    run: str
-    region: str
-    sent: float
-    """Seconds since the run's first publish."""
-    newest_step: int
-    served_step: int
-    identity: str
+class RunMode:
+    """One of the bench's loops: the publisher's cadence and where its Full goes."""
 
-    @property
-    def lag(self) -> int:
-        return max(0, self.newest_step - self.served_step)
+    full_every: int | None
+    """None: ``--full-every``."""
+    checkpoints: bool
+
+
+RUNS = {
+    "deltas": RunMode(full_every=None, checkpoints=True),
+    "deltas-full-in-chain": RunMode(full_every=None, checkpoints=False),
+    "full-every-step": RunMode(full_every=1, checkpoints=False),
+}
+#: Between one client's requests: steady sampling without keeping a core busy.
+PAUSE_S = 0.2
 
 
 class NewestStep:
@@ -131,25 +148,6 @@ def _client(
         )
 
 
-def _percentile(values: list[int], fraction: float) -> int:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
-
-
-def _summary(samples: list[Sample], failures: int) -> dict[str, Any]:
-    lags = [s.lag for s in samples]
-    if not lags:
-        return {"completions": 0, "failed_requests": failures}
-    return {
-        "completions": len(lags),
-        "failed_requests": failures,
-        "p50": _percentile(lags, 0.50),
-        "p99": _percentile(lags, 0.99),
-        "max": max(lags),
-        "share_at_lag_0": round(sum(1 for lag in lags if lag == 0) / len(lags), 3),
-    }
-
-
 def run_loop(
     regions: LocalRegions,
     spec: FleetSpec,
@@ -161,9 +159,13 @@ def run_loop(
     steps: int,
     interval: float,
     full_every: int,
+    checkpoints: bool,
     say: Any,
 ) -> tuple[list[Sample], list[str], list[dict[str, Any]], list[dict[str, Any]]]:
-    """One measured loop: the first Full rolled out (not measured), then ``steps`` steps."""
+    """One measured loop: the first Full rolled out (not measured), then ``steps`` steps.
+
+    A checkpoint still on its way when the loop ends is stopped when the publisher closes
+    (results.md counts it as on its way at the end), so that the next run has the link."""
     names = regions.names
     settings = PublisherSettings(
         deployment=spec.name,
@@ -174,6 +176,7 @@ def run_loop(
         identity_prefix=f"{run}-{secrets.token_hex(2)}",
         home=names[0],
         full_every=full_every,
+        checkpoints=checkpoints,
         files_from=files_from,
         wait=False,
     )
@@ -214,6 +217,7 @@ def run_loop(
             loop.append(
                 {
                     "step": trainer.step,
+                    "called_s": round(trained - origin, 3),
                     "train_s": round(trained - began, 4),
                     "blocked_s": round(handle.blocked_seconds, 4),
                     "late_s": round(max(0.0, began - due), 4),
@@ -232,19 +236,14 @@ def run_loop(
             if result.identity in seen:  # a skipped step's handle: its replacement's result
                 continue
             seen.add(result.identity)
-            published.append(
-                {
-                    "identity": result.identity,
-                    "step": result.step,
-                    "kind": result.kind.value,
-                    "stored_bytes": result.stored_bytes,
-                    "blocked_ms": round(result.blocked_seconds * 1000, 2),
-                    "encode_s": result.encode_seconds,
-                    "seconds": result.seconds,
-                    "skipped_steps": result.skipped_steps,
-                    "outcomes": {c: r.outcome.value for c, r in result.regions.items()},
-                }
-            )
+            called_s = next((e["called_s"] for e in loop if e["step"] == result.step), None)
+            published.append(published_entry(result, called_s))
+            if result.checkpoint_begun:
+                say(f"[{run}] step {result.step - start_step} began {result.checkpoint_begun}")
+            for done in result.checkpoint_done:
+                outcome = "complete" if done.complete else f"failed ({done.error})"
+                say(f"[{run}] {done.identity} {outcome} after {done.seconds:.1f} s "
+                    f"(seen at step {result.step - start_step})")  # fmt: skip
     return samples, failures, published, loop
 
 
@@ -274,6 +273,18 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--wan-rate", type=int, default=200, help="KB/s")
     parser.add_argument("--wan-latency", type=int, default=25, help="ms, one way")
+    parser.add_argument(
+        "--full-every",
+        type=int,
+        default=10,
+        help="the delta runs' cadence, in steps (the module doc says why 10)",
+    )
+    parser.add_argument(
+        "--runs",
+        type=_runs,
+        default=list(RUNS),
+        help=f"comma-separated, in the order to run (default: {','.join(RUNS)})",
+    )
     parser.add_argument(
         "--baseline-steps", type=int, default=None, help="Full-every-step steps (default: --steps)"
     )
@@ -328,14 +339,17 @@ def main() -> None:
         params = sum(p.numel() for p in trainer.model.parameters())
         results: dict[str, Any] = {}
         raw: dict[str, list[Sample]] = {}
-        for run, full_every, steps in (
-            ("deltas", 25, args.steps),
-            ("full-every-step", 1, args.baseline_steps or args.steps),
-        ):
+        for run in args.runs:
+            mode = RUNS[run]
+            steps = args.steps
+            if run == "full-every-step" and args.baseline_steps:
+                steps = args.baseline_steps
             with LoadSampler() as load:
                 samples, failures, published, loop = run_loop(
                     regions, spec, trainer, files, state / f"publisher-{run}",
-                    run=run, steps=steps, interval=args.interval, full_every=full_every, say=say,
+                    run=run, steps=steps, interval=args.interval,
+                    full_every=mode.full_every or args.full_every, checkpoints=mode.checkpoints,
+                    say=say,
                 )  # fmt: skip
             results[run] = summarize_run(samples, failures, published, regions.names)
             results[run]["training_loop"] = loop
@@ -349,26 +363,15 @@ def main() -> None:
             reaper.terminate()
 
 
-def summarize_run(
-    samples: list[Sample], failures: list[str], published: list[dict[str, Any]], names: list[str]
-) -> dict[str, Any]:
-    """What results.json keeps of one run: percentiles, a histogram of the lags and, per
-    region, the seconds from each step's publish to its first completion (the raw samples
-    go, compressed, to results-samples.json.gz)."""
-    as_dicts = [asdict(s) for s in samples]
-    histogram: dict[str, int] = {}
-    for sample in samples:
-        histogram[str(sample.lag)] = histogram.get(str(sample.lag), 0) + 1
-    return {
-        "overall": _summary(samples, len(failures)),
-        "by_region": {
-            name: _summary([s for s in samples if s.region == name], failures.count(name))
-            for name in names
-        },
-        "lag_histogram": dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))),
-        "serve_seconds": {name: serve_seconds(as_dicts, name) for name in names},
-        "published": published,
-    }
+def _runs(value: str) -> list[str]:
+    """``--runs``: names of RUNS, comma-separated."""
+    runs = [name.strip() for name in value.split(",") if name.strip()]
+    unknown = [name for name in runs if name not in RUNS]
+    if unknown or not runs:
+        raise argparse.ArgumentTypeError(
+            f"unknown run(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(RUNS)}"
+        )
+    return runs
 
 
 def _write_samples(path: Path, raw: dict[str, list[Sample]]) -> None:
@@ -398,172 +401,19 @@ def _write(
         "wan": f"{args.wan_rate} KB/s each way, {args.wan_latency} ms one way, per region",
         "interval_s": args.interval,
         "replicas_per_region": args.replicas,
+        "full_every": args.full_every,
+        "run_settings": {
+            run: {
+                "full_every": RUNS[run].full_every or args.full_every,
+                "checkpoints": RUNS[run].checkpoints,
+            }
+            for run in results
+        },
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({**meta, "runs": results}, indent=2) + "\n")
     _write_samples(args.out / "results-samples.json.gz", raw)
     report(meta, results, args.out)
-
-
-def serve_seconds(samples: list[dict[str, Any]], region: str) -> list[float]:
-    """Per step: seconds from its publish to the first request of ``region`` it served.
-
-    Both ends come from the samples: the publish is the first request (any region) sent
-    knowing the step (within one request's round, ~0.3 s, after the real publish), the
-    serve the first request of the region that the step (or a newer one) answered.
-    """
-    steps = sorted({s["newest_step"] for s in samples})
-    seconds = []
-    for step in steps[1:]:  # the first was served before the clients started
-        known = [s["sent"] for s in samples if s["newest_step"] >= step]
-        served = [s["sent"] for s in samples if s["region"] == region and s["served_step"] >= step]
-        if known and served:
-            seconds.append(round(max(0.0, min(served) - min(known)), 3))
-    return seconds
-
-
-def report(meta: dict[str, Any], results: dict[str, Any], out: Path) -> None:
-    """results.md from the run's metadata and results (``--report-only`` rereads them)."""
-    command = meta["command"]
-    lines = [
-        "# Freshness benchmark: lag in steps per completion, three regions",
-        "",
-        f"Command: `{command}`  ",
-        f"Date: {meta['date']}  ",
-        f"Machine: {meta['machine']}  ",
-        f"Model: {meta['model']}  ",
-        f"WAN: {meta['wan']}; buckets replicated from the home region (MinIO).  ",
-        f"A step every {meta['interval_s']:.0f} s; {meta['replicas_per_region']} reference "
-        "replica(s) per region; "
-        "a client per region asks for completions back to back.",
-        "",
-        "lag = the trainer's newest published step when the request was sent - the step of the "
-        "snapshot that served it (named by the response). Goal: p99 <= 1.",
-        "",
-        "| run | region | completions | p50 | p99 | max | share at lag 0 | failed requests |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for run, data in results.items():
-        rows = [("all", data["overall"]), *data["by_region"].items()]
-        for region, summary in rows:
-            lines.append(
-                f"| {run} | {region} | {summary.get('completions', 0)} | {summary.get('p50', '-')} "
-                f"| {summary.get('p99', '-')} | {summary.get('max', '-')} "
-                f"| {summary.get('share_at_lag_0', '-')} | {summary.get('failed_requests', 0)} |"
-            )
-    verdicts = []
-    for run, data in results.items():
-        p99s = [data["overall"].get("p99"), *(r.get("p99") for r in data["by_region"].values())]
-        worst = max((v for v in p99s if v is not None), default=None)
-        silent = [name for name, r in data["by_region"].items() if not r.get("completions")]
-        met = worst is not None and worst <= 1 and not silent
-        verdicts.append(
-            f"`{run}`: worst p99 {worst} step(s)"
-            + (f", no completions in {', '.join(silent)}" if silent else "")
-            + f": goal {'met' if met else 'NOT met'}"
-        )
-    lines += ["", "Goal p99 <= 1 (overall and in every region): " + "; ".join(verdicts) + "."]
-    lines += [
-        "",
-        "Completions by lag (steps: count): "
-        + "; ".join(
-            f"`{run}` " + ", ".join(f"{lag}: {n}" for lag, n in data["lag_histogram"].items())
-            for run, data in results.items()
-        )
-        + ".",
-    ]
-    lines += [
-        "",
-        "Why: publish -> the first completion a region serves from the new step, seconds "
-        "(median / max over the steps; from the samples, so within one request's round):",
-        "",
-        "| run | " + " | ".join(next(iter(results.values()))["by_region"]) + " |",
-        "|---|" + "---|" * len(next(iter(results.values()))["by_region"]),
-    ]
-    for run, data in results.items():
-        cells = []
-        for region in data["by_region"]:
-            seconds = sorted(data["serve_seconds"][region])
-            cells.append(
-                f"{seconds[len(seconds) // 2]:.2f} / {seconds[-1]:.2f}" if seconds else "-"
-            )
-        lines.append(f"| {run} | " + " | ".join(cells) + " |")
-    rate = int(str(meta["wan"]).split()[0]) * 1000  # bytes/s, "<KB/s> KB/s each way, …"
-    floors = []
-    for run, data in results.items():
-        kinds = [p["kind"] for p in data["published"]]
-        if not kinds:
-            continue
-        usual = max(set(kinds), key=kinds.count)  # a run's Fulls or its deltas
-        v = sorted(p["stored_bytes"] for p in data["published"] if p["kind"] == usual)
-        floors.append(
-            f"`{run}` {usual} median {v[len(v) // 2]:,} B ({v[len(v) // 2] / rate:.3f} s)"
-        )
-    full_link_s = [
-        p["stored_bytes"] / rate
-        for data in results.values()
-        for p in data["published"]
-        if p["kind"] == "Full"
-    ]
-    if full_link_s:
-        crossing = sorted(full_link_s)[len(full_link_s) // 2]
-        lines += [
-            "",
-            f"Snapshot sizes and their time on one link alone: {', '.join(floors)}. A Full "
-            f"needs {crossing:.1f} s on the link, {crossing / meta['interval_s']:.1f} step "
-            "intervals (a 70B bf16 policy over a 10 Gbit/s link: ~112 s, 4-11 steps of "
-            "10-30 s).",
-        ]
-    lines += _loop_table(results)
-    analysis = Path(__file__).with_name("analysis.md")
-    if analysis.exists():  # how to read this run, written beside its results
-        lines += ["", analysis.read_text().rstrip()]
-    lines += [
-        "",
-        "Baseline (same regions, same process): `full-every-step` publishes a Full at every "
-        "step, as a system without deltas would.",
-        "",
-        "The machine is shared (2 cores, other work running): read the numbers as an order of "
-        "magnitude. Every sample (region, sent, newest step, served step) is in "
-        "`results-samples.json.gz`.",
-    ]
-    (out / "results.md").write_text("\n".join(lines) + "\n")
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2] if ordered else float("nan")
-
-
-def _loop_table(results: dict[str, Any]) -> list[str]:
-    """The trainer's side of each run: what was published, what was skipped, and how long
-    the training loop was held by each publish call."""
-    lines = [
-        "",
-        "The trainer's side (the training loop calls `publish` once per step; the encode and "
-        "uploads run on the publisher's worker thread in the same process):",
-        "",
-        "| run | steps | snapshots published | steps skipped (publisher behind) "
-        "| loop blocked per step: median / max | train step median | publish call → "
-        "outcome known, median / max | machine load (1 min) median / max |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for run, data in results.items():
-        loop = data.get("training_loop") or []
-        published = data["published"]
-        skipped = sum(len(p.get("skipped_steps") or []) for p in published)
-        blocked = [entry["blocked_s"] * 1000 for entry in loop]
-        trained = [entry["train_s"] for entry in loop]
-        seconds = [p["seconds"] for p in published if p.get("seconds") is not None]
-        load = data.get("load") or {}
-        lines.append(
-            f"| {run} | {len(loop)} | {len(published)} | {skipped} "
-            f"| {_median(blocked):.1f} / {max(blocked, default=float('nan')):.1f} ms "
-            f"| {_median(trained):.2f} s "
-            f"| {_median(seconds):.1f} / {max(seconds, default=float('nan')):.1f} s "
-            f"| {load.get('load1_median', '-')} / {load.get('load1_max', '-')} |"
-        )
-    return lines
 
 
 if __name__ == "__main__":
