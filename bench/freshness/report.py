@@ -196,7 +196,7 @@ def _loop_table(results: dict[str, Any]) -> list[str]:
 def _fulls(data: dict[str, Any]) -> dict[str, Any]:
     """A run's scheduled Fulls (recomputed for a results.json written before they were kept)."""
     kept = data.get("scheduled_fulls")
-    return kept if kept is not None else scheduled_fulls(data["published"])
+    return kept if kept is not None else scheduled_fulls(data["published"])  # no call times
 
 
 def _seconds(value: float | None) -> str:
@@ -219,8 +219,9 @@ def _scheduled_fulls_tables(results: dict[str, Any]) -> list[str]:
         "region's bucket, so later deltas name it) or in the chain (every later delta waits "
         "behind it). Seconds: the checkpoint lane's, from its start (once its step's delta is "
         "delivered) to complete; for a Full in the chain, from the publish call to every "
-        "region's outcome. Meanwhile: steps published while a checkpoint was on its way, or "
-        "steps the publisher skipped behind a Full in the chain.",
+        "region's outcome. Meanwhile: steps published while a checkpoint was on its way (none "
+        "of them waits for it), or steps the training loop handed over while a Full in the "
+        "chain was on its way (each waited behind it, or was skipped).",
         "",
         "| run | where | begun | completed | failed attempts | on its way at the end "
         "| seconds to complete, median / max | steps meanwhile |",
@@ -260,13 +261,14 @@ def _scheduled_fulls_tables(results: dict[str, Any]) -> list[str]:
                 f"`{run}`, each Full in the chain:",
                 "",
                 "| Full | step | seconds (publish call → outcome) | bytes | every region ok "
-                "| steps skipped behind it |",
-                "|---|---|---|---|---|---|",
+                "| steps handed over while on its way | of them skipped |",
+                "|---|---|---|---|---|---|---|",
             ]
             for f in fulls["in_the_chain"]:
                 lines.append(
                     f"| `{f['identity']}` | {f['step']} | {_seconds(f['seconds'])} "
                     f"| {f['stored_bytes']:,} | {'yes' if f['complete'] else 'no'} "
+                    f"| {_steps(held) if (held := f.get('held_behind_it')) is not None else '-'} "
                     f"| {_steps(f['skipped_behind_it'])} |"
                 )
     return lines

@@ -23,10 +23,16 @@ p99 <= 1). Three loops, one after the other, in the same process on the same reg
   checkpoints, the baseline for them);
 - ``full-every-step``: a Full at every step (what a system without deltas ships).
 
-``--full-every`` defaults to 10, not the publisher's 25: a 30-step run then has cadence
-steps at 10, 20 and 30, so each delta run shows more than one scheduled Full (two of them
-with room to complete inside the loop), while 10 steps still exceed a Full's ~6 steps on
-the link, so one checkpoint can be complete before the next is due.
+``--full-every`` defaults to 10, not the publisher's 25: the cadence then comes due three
+times in a 30-step run (at the publisher's 25, once, at its end), so each delta run shows
+more than one scheduled Full. A checkpoint takes longer than a Full's time on one link:
+its Full goes up one part at a time beside the deltas, then replication brings each region
+its copy (the smoke run: 13 s at 1000 KB/s, as long as the Full in the chain there; about
+a minute at the default 200 KB/s, some 13 steps of 5 s). The lane publishes one checkpoint
+at a time, so when one is still on its way at the next cadence step, the next begins at
+the first publish after it is complete; results.md counts those begun, completed and
+still on their way at the end (``--steps 40`` leaves room for two to complete at 5 s
+steps).
 
 At production proportions by default: a Full takes several step intervals to cross the
 link, as a 70B bf16 policy (140 GB) does over a 10 Gbit/s inter-region link (~112 s)
@@ -351,8 +357,7 @@ def main() -> None:
                     full_every=mode.full_every or args.full_every, checkpoints=mode.checkpoints,
                     say=say,
                 )  # fmt: skip
-            results[run] = summarize_run(samples, failures, published, regions.names)
-            results[run]["training_loop"] = loop
+            results[run] = summarize_run(samples, failures, published, regions.names, loop)
             results[run]["load"] = load.summary()
             raw[run] = samples
             say(f"[{run}] lag in steps: {results[run]['overall']}")

@@ -58,11 +58,16 @@ def lag_summary(samples: list[Sample], failures: int) -> dict[str, Any]:
 
 
 def summarize_run(
-    samples: list[Sample], failures: list[str], published: list[dict[str, Any]], names: list[str]
+    samples: list[Sample],
+    failures: list[str],
+    published: list[dict[str, Any]],
+    names: list[str],
+    loop: list[dict[str, Any]],
 ) -> dict[str, Any]:
     """What results.json keeps of one run: percentiles, a histogram of the lags, per
-    region the seconds from each step's publish to its first completion, and the scheduled
-    Fulls' fate (the raw samples go, compressed, to results-samples.json.gz)."""
+    region the seconds from each step's publish to its first completion, the scheduled
+    Fulls' fate, and the training loop's steps (the raw samples go, compressed, to
+    results-samples.json.gz)."""
     as_dicts = [asdict(s) for s in samples]
     histogram: dict[str, int] = {}
     for sample in samples:
@@ -76,7 +81,8 @@ def summarize_run(
         "lag_histogram": dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))),
         "serve_seconds": {name: serve_seconds(as_dicts, name) for name in names},
         "published": published,
-        "scheduled_fulls": scheduled_fulls(published),
+        "scheduled_fulls": scheduled_fulls(published, loop),
+        "training_loop": loop,
     }
 
 
@@ -118,7 +124,9 @@ def published_entry(result: PublishResult, called_s: float | None) -> dict[str, 
     }
 
 
-def scheduled_fulls(published: list[dict[str, Any]]) -> dict[str, Any]:
+def scheduled_fulls(
+    published: list[dict[str, Any]], loop: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """The fate of the cadence's Fulls in one run, from its publish results in step order.
 
     Beside the chain (checkpoints): each checkpoint begun, when it was complete (its lane
@@ -127,8 +135,12 @@ def scheduled_fulls(published: list[dict[str, Any]]) -> dict[str, Any]:
     the first delta that named it, and the steps published while it was on its way (after
     its step, before the publish that took its outcome; all later steps if none did).
     In the chain (``why == "cadence"``): each Full's seconds from the publish call to every
-    region's outcome, and the steps the publisher skipped behind it (the next result's).
+    region's outcome, the steps the training loop handed over while it was on its way
+    (from ``loop``'s call times, skipped steps included: each waited behind it or was
+    skipped; None without call times) and the steps the publisher skipped behind it (the
+    next result's).
     """
+    called = {e["step"]: e["called_s"] for e in loop or [] if e.get("called_s") is not None}
     ordered = sorted(published, key=lambda p: p["step"])
     checkpoints: dict[str, dict[str, Any]] = {}
     for index, entry in enumerate(ordered):
@@ -182,6 +194,11 @@ def scheduled_fulls(published: list[dict[str, Any]]) -> dict[str, Any]:
         if entry["kind"] != "Full" or entry.get("why", "cadence") != "cadence":  # no why: older
             continue
         after = ordered[index + 1] if index + 1 < len(ordered) else None
+        start = entry.get("called_s")
+        held = None
+        if called and start is not None:
+            end = start + entry["seconds"]
+            held = sorted(step for step, t in called.items() if step > entry["step"] and t < end)
         in_chain.append(
             {
                 "identity": entry["identity"],
@@ -190,6 +207,7 @@ def scheduled_fulls(published: list[dict[str, Any]]) -> dict[str, Any]:
                 "stored_bytes": entry["stored_bytes"],
                 "complete": all(o in _DONE for o in entry["outcomes"].values()),
                 "skipped_behind_it": list(after["skipped_steps"]) if after else [],
+                "held_behind_it": held,
             }
         )
     return {"beside_the_chain": beside, "in_the_chain": in_chain}
@@ -206,7 +224,8 @@ def _plus(a: float | None, b: float | None) -> float | None:
 def scheduled_full_row(fulls: dict[str, Any]) -> dict[str, Any]:
     """One run's scheduled Fulls in a line: where they went, how many began and completed,
     their seconds to complete (median / max), and the steps published (beside the chain)
-    or skipped (in it) while one was on its way."""
+    (beside the chain) or handed over (in it: each waited behind the Full, or was skipped;
+    the skipped ones where call times are unknown) while one was on its way."""
     beside, in_chain = fulls["beside_the_chain"], fulls["in_the_chain"]
     if beside or not in_chain:
         seconds = [c["seconds"] for c in beside if c["complete"]]
@@ -229,5 +248,10 @@ def scheduled_full_row(fulls: dict[str, Any]) -> dict[str, Any]:
         "on_its_way_at_end": 0,
         "seconds_median": median(seconds) if seconds else None,
         "seconds_max": max(seconds, default=None),
-        "steps_meanwhile": sum(len(f["skipped_behind_it"]) for f in in_chain),
+        "steps_meanwhile": sum(len(_held(f)) for f in in_chain),
     }
+
+
+def _held(full: dict[str, Any]) -> list[int]:
+    held = full.get("held_behind_it")
+    return list(full["skipped_behind_it"]) if held is None else list(held)

@@ -137,14 +137,32 @@ def test_a_full_in_the_chain_counts_the_steps_skipped_behind_it() -> None:
         entry(7, skipped_steps=[4, 5, 6]),
         entry(8),
     ]
+    # Without call times (an older results.json) the skipped steps are all it can tell.
     fulls = scheduled_fulls(published)
     assert fulls["beside_the_chain"] == []
     (full,) = fulls["in_the_chain"]
     assert full["skipped_behind_it"] == [4, 5, 6] and full["complete"]
+    assert full["held_behind_it"] is None
     row = scheduled_full_row(fulls)
     assert row["where"] == "in the chain"
     assert (row["begun"], row["completed"], row["steps_meanwhile"]) == (1, 1, 3)
     assert row["seconds_max"] == 60.0
+
+
+def test_a_full_in_the_chain_holds_every_step_handed_over_while_it_is_on_its_way() -> None:
+    # The Full of step 3 is called at 15 s and reaches its outcome at 35 s: steps 4-7
+    # (called at 20, 25, 30 s and 35 s) were handed over meanwhile; 4 and 5 were skipped.
+    published = [
+        entry(3, "Full", why="cadence", seconds=20.0),
+        entry(6, skipped_steps=[4, 5]),
+        entry(7),
+        entry(8),
+    ]
+    loop = [{"step": step, "called_s": 5.0 * step} for step in range(1, 9)]
+    (full,) = scheduled_fulls(published, loop)["in_the_chain"]
+    assert full["held_behind_it"] == [4, 5, 6]
+    assert full["skipped_behind_it"] == [4, 5]
+    assert scheduled_full_row(scheduled_fulls(published, loop))["steps_meanwhile"] == 3
 
 
 def test_a_full_in_the_chain_that_a_region_did_not_take_is_not_complete() -> None:
@@ -179,12 +197,9 @@ def test_the_report_has_the_lag_table_and_each_delta_run_s_scheduled_fulls(
         "deltas-full-in-chain": [entry(3, "Full", why="cadence"), entry(6, skipped_steps=[4, 5])],
         "full-every-step": [entry(1, "Full", why="cadence"), entry(2, "Full", why="cadence")],
     }
+    loop = [{"step": s, "train_s": 0.5, "blocked_s": 0.01, "called_s": 5.0 * s} for s in range(7)]
     results = {
-        run: {
-            **summarize_run(samples, [], published, REGIONS),
-            "training_loop": [{"step": 1, "train_s": 0.5, "blocked_s": 0.01, "called_s": 5.0}],
-            "load": {},
-        }
+        run: {**summarize_run(samples, [], published, REGIONS, loop), "load": {}}
         for run, published in runs.items()
     }
     meta = {
@@ -207,7 +222,10 @@ def test_the_report_has_the_lag_table_and_each_delta_run_s_scheduled_fulls(
     assert "| deltas | eu-west |" in text and "| full-every-step | all |" in text
     assert "a Full every 3 steps" in text
     assert "| deltas | beside the chain | 1 | 1 | 0 | 0 | 20.0 / 20.0 | 1 |" in text
-    assert "| deltas-full-in-chain | in the chain | 1 | 1 | 0 | 0 | 2.0 / 2.0 | 2 |" in text
+    # The Full of step 3 (called at 15 s, 2 s to its outcome) held no step: none was called
+    # before 17 s; steps 4-5 were skipped behind it all the same.
+    assert "| deltas-full-in-chain | in the chain | 1 | 1 | 0 | 0 | 2.0 / 2.0 | 0 |" in text
+    assert "| 6,000,000 | yes | none | 2 (4-5) |" in text
     assert f"| `{CKPT}` | 3 | 17.0 | 37.0 | 20.0 | 6,200,000 | 1 | 5 | 1 (4) |" in text
     assert "| full-every-step | in the chain" not in text  # not a delta run
     assert "`deltas`: a delta at every step; at the cadence's step" in text
