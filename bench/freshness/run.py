@@ -191,6 +191,10 @@ def run_loop(
     published: list[dict[str, Any]] = []
     newest = NewestStep()
     stop = threading.Event()
+    # A step of its own first: the previous run may have ended on a Full at this step, and
+    # a second Full at the same step does not move the target (the operator keeps the one
+    # it has), so this run's first snapshot would never be served.
+    trainer.train_step()
     with Publisher(settings) as publisher:
         start_step = trainer.step
         handle = publisher.publish(trainer.inference_state(), trainer.step, full=True)
