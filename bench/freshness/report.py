@@ -87,9 +87,9 @@ def report(meta: dict[str, Any], results: dict[str, Any], out: Path) -> None:
         + "; ".join(f"`{run}`: {_meaning(meta, run)}" for run in results)
         + ".",
         "",
-        "The machine is shared (2 cores, other work running): read the numbers as an order of "
-        "magnitude. Every sample (region, sent, newest step, served step) is in "
-        "`results-samples.json.gz`.",
+        "The machine (2 cores) may be shared: its load during each run is in the trainer's "
+        "table; read the numbers as an order of magnitude. Every sample (region, sent, "
+        "newest step, served step) is in `results-samples.json.gz`.",
     ]
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.md").write_text("\n".join(lines) + "\n")
