@@ -370,9 +370,13 @@ def say_step(timing: RolloutTiming, names: Sequence[str], say: Say) -> None:
         size += " (the Full after the break)"
     if snapshot.checkpoint_begun:
         size += f"; a checkpoint of it goes out beside the chain ({snapshot.checkpoint_begun})"
-    for ended in snapshot.checkpoint_done:
-        if ended.complete:
-            size += f"; checkpoint {ended.identity} is in every bucket, later deltas name it"
+    for ended in (d for d in snapshot.checkpoint_done if d.complete):
+        size += f"; checkpoint {ended.identity} is in every bucket"
+        size += (
+            ", named from this delta on (new replicas start from it)"
+            if snapshot.checkpoint == ended.identity
+            else ", named by no delta (this snapshot starts a new chain)"
+        )
     crossed = sum(timing.wan_bytes.values())
     ready = "  ".join(f"{n} {timing.seconds_by_region.get(n, 0):.1f}s" for n in names)
     say(f"step {snapshot.step:>3}: {size}; over the WAN {_kib(crossed)}; Ready: {ready}")
